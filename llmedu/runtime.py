@@ -1,0 +1,140 @@
+"""Where code runs, how it is seeded, and how long it takes.
+
+Every lesson starts here:
+
+* ``device()`` picks the best accelerator present: CUDA, then Apple's MPS, then the CPU.
+* ``autocast_dtype(device)`` is the low-precision type worth using there (bf16 where the
+  hardware has it, fp16 on older GPUs).
+* ``seed_everything(seed)`` seeds Python, NumPy and PyTorch (every device) in one call.
+* ``FAST`` is True when ``LLMEDU_FAST`` is set to a true value: notebooks then shrink their
+  configs so that each runs in about a minute on two CPU cores. The tests turn it on.
+* ``Timer`` measures wall-clock time, synchronising the accelerator so that asynchronous
+  kernels are counted where they run, not where they were launched.
+
+Nothing here is clever; it exists so that the same cell runs unchanged on a laptop, in CI and
+on a GPU node.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["FAST", "fast_mode", "device", "autocast_dtype", "seed_everything", "synchronize", "Timer"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def fast_mode(value: str | None = None) -> bool:
+    """Parse ``LLMEDU_FAST`` (or ``value``): 1/true/yes/on or 0/false/no/off, any case.
+
+    Anything else is an error rather than a silent default: a typo in CI must not quietly run
+    the full-size lessons for hours.
+    """
+    raw = os.environ.get("LLMEDU_FAST", "") if value is None else value
+    key = raw.strip().lower()
+    if key in _TRUE:
+        return True
+    if key in _FALSE:
+        return False
+    raise ValueError(
+        f"LLMEDU_FAST={raw!r} is not understood; use 1/true/yes/on for the fast mode "
+        "or 0/false/no/off (or leave it unset) for the full mode."
+    )
+
+
+FAST: bool = fast_mode()
+
+
+def device(prefer: str | None = None) -> torch.device:
+    """The device to compute on: ``cuda`` > ``mps`` > ``cpu``.
+
+    ``prefer`` (or the ``LLMEDU_DEVICE`` environment variable) forces a choice; asking for a
+    device that is not present is an error, not a quiet fall back to the CPU.
+    """
+    name = prefer or os.environ.get("LLMEDU_DEVICE")
+    if name:
+        dev = torch.device(name)
+        available = {
+            "cpu": True,
+            "cuda": torch.cuda.is_available(),
+            "mps": torch.backends.mps.is_available(),
+        }
+        if not available.get(dev.type, False):
+            raise RuntimeError(f"device {name!r} was requested but is not available on this machine")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def autocast_dtype(dev: torch.device | str | None = None) -> torch.dtype:
+    """The low-precision dtype for autocast on ``dev``: bf16 unless a GPU only does fp16 well."""
+    dev = torch.device(dev) if dev is not None else device()
+    if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16  # Volta/Turing: no bf16 tensor cores
+    return torch.bfloat16
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed ``random``, NumPy and PyTorch (CPU and every GPU); return a seeded CPU generator.
+
+    The returned generator is for code that wants its own random stream (a data sampler, say)
+    without disturbing the global one.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return torch.Generator().manual_seed(seed)
+
+
+def synchronize(dev: torch.device | str | None = None) -> None:
+    """Wait until ``dev`` has finished the work queued on it (a no-op on the CPU)."""
+    dev = torch.device(dev) if dev is not None else device()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass
+class Timer:
+    """Wall-clock timer that synchronises the device before reading the clock.
+
+    >>> with Timer() as t:
+    ...     _ = sum(range(1000))
+    >>> t.seconds >= 0
+    True
+
+    Used as a context manager it times one block; ``lap()`` records intervals in ``laps``.
+    """
+
+    device: torch.device | str | None = "cpu"
+    seconds: float = 0.0
+    laps: list[float] = field(default_factory=list)
+
+    def __enter__(self) -> "Timer":
+        synchronize(self.device)
+        self._start = self._last = time.perf_counter()
+        return self
+
+    def lap(self) -> float:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.laps.append(now - self._last)
+        self._last = now
+        return self.laps[-1]
+
+    def __exit__(self, *exc) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self._start
