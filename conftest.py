@@ -1,4 +1,7 @@
-"""Test-wide settings: the fast mode for every lesson, and never any network."""
+"""Settings for every test and every notebook run by pytest: fast mode, and never any network.
+
+This file sits at the repository root so that it also applies to `pytest notebooks/NN.ipynb`.
+"""
 
 import os
 

@@ -1,0 +1,103 @@
+"""One dataclass that selects every variant of the course's transformer.
+
+An ablation is one field: ``replace(cfg, position="alibi")``, ``replace(cfg, norm_placement="post")``.
+The classmethods ``gpt2``, ``bert`` and ``llama`` give the settings of those families (at any size);
+``__post_init__`` rejects impossible combinations before any weight is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..nn.activations import ACTIVATIONS
+from ..nn.blocks import PLACEMENTS
+
+__all__ = ["TransformerConfig", "POSITIONS", "NORMS", "BLOCKS"]
+
+POSITIONS = ("learned", "sinusoidal", "scaled_sinusoidal", "relative", "alibi", "rope", "none")
+NORMS = ("layernorm", "rmsnorm")
+BLOCKS = ("serial", "parallel")
+
+
+@dataclass
+class TransformerConfig:
+    # sizes
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: as many as n_heads (MHA); 1: MQA; in between: GQA
+    d_ff: int | None = None  # None: 4 * d_model
+    max_seq_len: int = 512  # rows of a learned position table; the KV cache's default size
+    # variants
+    position: str = "learned"  # one of POSITIONS
+    rope_base: float = 10000.0
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    norm: str = "layernorm"  # one of NORMS
+    norm_eps: float = 1e-5
+    norm_placement: str = "pre"  # pre, post, sandwich, deepnorm
+    activation: str = "gelu"  # relu, gelu, gelu_tanh, silu, swiglu, geglu
+    block: str = "serial"  # serial or parallel
+    bias: bool = True  # biases in the linear layers and LayerNorms
+    causal: bool = True  # False for an encoder (BERT)
+    type_vocab_size: int = 0  # BERT's segment embeddings; 0 for none
+    embedding_norm: bool = False  # a norm right after the embeddings (BERT)
+    tie_embeddings: bool = True  # output projection shares the token embedding matrix
+    # training
+    dropout: float = 0.0
+    init_std: float = 0.02
+    attn_impl: str = "sdpa"  # a name registered in llmedu.nn.attention
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
+        choices = {"position": POSITIONS, "norm": NORMS, "norm_placement": PLACEMENTS, "block": BLOCKS,
+                   "activation": tuple(ACTIVATIONS)}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        if self.block == "parallel" and self.norm_placement != "pre":
+            raise ValueError("the parallel block is pre-LN only; set norm_placement='pre'")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got {self.head_dim}")
+        if self.position in ("sinusoidal", "scaled_sinusoidal") and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    # -- families ----------------------------------------------------------------------------------------
+    @classmethod
+    def gpt2(cls, **overrides) -> "TransformerConfig":
+        """GPT-2: learned positions, pre-LN LayerNorm, tanh-GELU, biases, tied embeddings."""
+        settings = dict(position="learned", norm="layernorm", norm_placement="pre", activation="gelu_tanh",
+                        bias=True, causal=True, tie_embeddings=True, max_seq_len=1024)
+        return cls(**{**settings, **overrides})
+
+    @classmethod
+    def bert(cls, **overrides) -> "TransformerConfig":
+        """BERT: learned positions and segments, post-LN with a norm after the embeddings, exact GELU."""
+        settings = dict(position="learned", norm="layernorm", norm_eps=1e-12, norm_placement="post", activation="gelu",
+                        bias=True, causal=False, type_vocab_size=2, embedding_norm=True, tie_embeddings=True)
+        return cls(**{**settings, **overrides})
+
+    @classmethod
+    def llama(cls, **overrides) -> "TransformerConfig":
+        """LLaMA: RoPE, pre-norm RMSNorm, SwiGLU, no biases, untied output projection."""
+        settings = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, norm_placement="pre", activation="swiglu",
+                        bias=False, causal=True, tie_embeddings=False)
+        return cls(**{**settings, **overrides})

@@ -1,0 +1,236 @@
+"""Weights to and from Hugging Face ``transformers``: BERT, GPT-2 and Llama (MHA and GQA).
+
+    ours = from_hf(hf_model)      # BertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM, or their bare models
+    hf_model = to_hf(ours)        # back again, same weights
+
+Converting is renaming: each family's table below pairs our parameter names with theirs. Two
+families store weights differently: GPT-2 keeps ``Conv1D`` matrices as (in, out), the transpose of
+``nn.Linear``'s (out, in), and fuses q, k, v into one ``c_attn`` matrix; both are undone here.
+Llama's q/k weights in ``transformers`` are already permuted for the "rotate half" RoPE that
+``llmedu.nn.positions`` uses, so they copy as they are.
+
+The test suite builds small random models of each family and checks that hidden states and logits
+agree to 1e-5; that is the proof that every name, transpose and constant here is right.
+
+Left out: RoPE scaling (Llama 3.1's "llama3" rope type), BERT's pooler and NSP head, relative
+position embeddings of BERT variants, and checkpoints on disk (``save_pretrained`` does that).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .bert import MaskedLM
+from .config import TransformerConfig
+from .gpt import CausalLM
+from .transformer import Transformer
+
+__all__ = ["from_hf", "to_hf"]
+
+# class name -> (family, head); "bare" returns hidden states
+_HF_CLASSES = {
+    "BertModel": ("bert", "bare"),
+    "BertForMaskedLM": ("bert", "lm"),
+    "GPT2Model": ("gpt2", "bare"),
+    "GPT2LMHeadModel": ("gpt2", "lm"),
+    "LlamaModel": ("llama", "bare"),
+    "LlamaForCausalLM": ("llama", "lm"),
+}
+_HF_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}  # base model inside the LM
+# the fields that make one of our configs a member of a family
+_FAMILY = {
+    "bert": dict(position="learned", norm="layernorm", norm_placement="post", block="serial", bias=True, causal=False,
+                 embedding_norm=True, tie_embeddings=True),
+    "gpt2": dict(position="learned", norm="layernorm", norm_placement="pre", block="serial", bias=True, causal=True,
+                 type_vocab_size=0, embedding_norm=False, tie_embeddings=True),
+    "llama": dict(position="rope", norm="rmsnorm", norm_placement="pre", block="serial", bias=False, causal=True,
+                  type_vocab_size=0, embedding_norm=False),
+}
+_ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+_ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+_GLU_FROM_HF = {"silu": "swiglu", "gelu": "geglu"}
+
+
+# -- names ------------------------------------------------------------------------------------------------
+def _name_table(family: str, n_layers: int) -> list[tuple[str, str, str]]:
+    """(our name under Transformer, their name under the bare model, how); how: copy, t (transpose), qkv0/1/2."""
+    table = {
+        "bert": [("tok_embed.weight", "embeddings.word_embeddings.weight"),
+                 ("pos_embed.weight", "embeddings.position_embeddings.weight"),
+                 ("type_embed.weight", "embeddings.token_type_embeddings.weight"),
+                 ("embed_norm.weight", "embeddings.LayerNorm.weight"), ("embed_norm.bias", "embeddings.LayerNorm.bias")],
+        "gpt2": [("tok_embed.weight", "wte.weight"), ("pos_embed.weight", "wpe.weight"),
+                 ("final_norm.weight", "ln_f.weight"), ("final_norm.bias", "ln_f.bias")],
+        "llama": [("tok_embed.weight", "embed_tokens.weight"), ("final_norm.weight", "norm.weight")],
+    }[family]
+    table = [(ours, theirs, "copy") for ours, theirs in table]
+    per_layer = {
+        "bert": [("attn.q_proj", "attention.self.query"), ("attn.k_proj", "attention.self.key"),
+                 ("attn.v_proj", "attention.self.value"), ("attn.o_proj", "attention.output.dense"),
+                 ("attn_norm", "attention.output.LayerNorm"), ("mlp.up_proj", "intermediate.dense"),
+                 ("mlp.down_proj", "output.dense"), ("mlp_norm", "output.LayerNorm")],
+        "gpt2": [("attn_norm", "ln_1"), ("attn.o_proj", "attn.c_proj"), ("mlp_norm", "ln_2"),
+                 ("mlp.up_proj", "mlp.c_fc"), ("mlp.down_proj", "mlp.c_proj")],  # q, k, v: below
+        "llama": [("attn.q_proj", "self_attn.q_proj"), ("attn.k_proj", "self_attn.k_proj"),
+                  ("attn.v_proj", "self_attn.v_proj"), ("attn.o_proj", "self_attn.o_proj"),
+                  ("mlp.gate_proj", "mlp.gate_proj"), ("mlp.up_proj", "mlp.up_proj"), ("mlp.down_proj", "mlp.down_proj"),
+                  ("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")],
+    }[family]
+    layer_prefix = {"bert": "encoder.layer", "gpt2": "h", "llama": "layers"}[family]
+    params = ["weight"] if family == "llama" else ["weight", "bias"]
+    for i in range(n_layers):
+        for ours, theirs in per_layer:
+            is_conv1d = family == "gpt2" and "_proj" in ours  # GPT-2's Conv1D stores (in, out)
+            for p in params:
+                how = "t" if is_conv1d and p == "weight" else "copy"
+                table.append((f"blocks.{i}.{ours}.{p}", f"{layer_prefix}.{i}.{theirs}.{p}", how))
+        if family == "gpt2":
+            for p in ("weight", "bias"):
+                for j, n in enumerate("qkv"):  # slice j of the fused c_attn
+                    table.append((f"blocks.{i}.attn.{n}_proj.{p}", f"h.{i}.attn.c_attn.{p}", f"qkv{j}"))
+    return table
+
+
+def _head_table(family: str) -> list[tuple[str, str, str]]:
+    """Names of the LM head, relative to the top-level modules."""
+    if family == "bert":
+        pairs = [("mlm_head.dense.weight", "cls.predictions.transform.dense.weight"),
+                 ("mlm_head.dense.bias", "cls.predictions.transform.dense.bias"),
+                 ("mlm_head.norm.weight", "cls.predictions.transform.LayerNorm.weight"),
+                 ("mlm_head.norm.bias", "cls.predictions.transform.LayerNorm.bias"),
+                 ("mlm_head.decoder.weight", "cls.predictions.decoder.weight"),
+                 ("mlm_head.decoder.bias", "cls.predictions.decoder.bias"),
+                 ("mlm_head.decoder.bias", "cls.predictions.bias")]  # the same tensor, under two names
+    else:
+        pairs = [("lm_head.weight", "lm_head.weight")]
+    return [(ours, theirs, "copy") for ours, theirs in pairs]
+
+
+def _full_table(family: str, head: str, n_layers: int) -> list[tuple[str, str, str]]:
+    if head == "bare":
+        return _name_table(family, n_layers)
+    body = [("transformer." + o, _HF_PREFIX[family] + t, how) for o, t, how in _name_table(family, n_layers)]
+    return body + _head_table(family)
+
+
+# -- configs ---------------------------------------------------------------------------------------------
+def _config_from_hf(family: str, hc) -> TransformerConfig:
+    if family == "bert":
+        if getattr(hc, "position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"only absolute BERT positions are supported, got {hc.position_embedding_type!r}")
+        return TransformerConfig.bert(
+            vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
+            n_heads=hc.num_attention_heads, d_ff=hc.intermediate_size, max_seq_len=hc.max_position_embeddings,
+            type_vocab_size=hc.type_vocab_size, norm_eps=hc.layer_norm_eps,
+            activation=_activation(_ACT_FROM_HF, hc.hidden_act), dropout=hc.hidden_dropout_prob)
+    if family == "gpt2":
+        if not hc.scale_attn_weights or hc.scale_attn_by_inverse_layer_idx:
+            raise ValueError("only GPT-2's standard 1/sqrt(D) attention scaling is supported")
+        return TransformerConfig.gpt2(
+            vocab_size=hc.vocab_size, d_model=hc.n_embd, n_layers=hc.n_layer, n_heads=hc.n_head,
+            d_ff=hc.n_inner or 4 * hc.n_embd, max_seq_len=hc.n_positions, norm_eps=hc.layer_norm_epsilon,
+            activation=_activation(_ACT_FROM_HF, hc.activation_function), dropout=hc.resid_pdrop,
+            tie_embeddings=hc.tie_word_embeddings)
+    rope = hc.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"RoPE scaling {rope['rope_type']!r} is not supported, only the default rope")
+    if hc.head_dim != hc.hidden_size // hc.num_attention_heads:
+        raise ValueError(f"head_dim={hc.head_dim} differs from hidden_size / num_attention_heads")
+    if hc.attention_bias or hc.mlp_bias:
+        raise ValueError("Llama models with attention or MLP biases are not supported")
+    return TransformerConfig.llama(  # Llama has no residual dropout (its attention_dropout is on probabilities)
+        vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
+        n_heads=hc.num_attention_heads, n_kv_heads=hc.num_key_value_heads, d_ff=hc.intermediate_size,
+        max_seq_len=hc.max_position_embeddings, norm_eps=hc.rms_norm_eps, rope_base=float(rope["rope_theta"]),
+        activation=_activation(_GLU_FROM_HF, hc.hidden_act), tie_embeddings=hc.tie_word_embeddings)
+
+
+def _hf_config(family: str, c: TransformerConfig):
+    import transformers
+
+    common = dict(vocab_size=c.vocab_size, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if family == "bert":
+        return transformers.BertConfig(
+            hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+            intermediate_size=c.d_ff, hidden_act=_ACT_TO_HF[c.activation], max_position_embeddings=c.max_seq_len,
+            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.norm_eps, hidden_dropout_prob=c.dropout,
+            attention_probs_dropout_prob=0.0, **common)
+    if family == "gpt2":
+        return transformers.GPT2Config(
+            n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads, n_inner=c.d_ff, n_positions=c.max_seq_len,
+            activation_function=_ACT_TO_HF[c.activation], layer_norm_epsilon=c.norm_eps,
+            resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=0.0, **common)
+    return transformers.LlamaConfig(
+        hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads, intermediate_size=c.d_ff, max_position_embeddings=c.max_seq_len,
+        rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
+        hidden_act={"swiglu": "silu", "geglu": "gelu"}[c.activation], tie_word_embeddings=c.tie_embeddings,
+        attention_bias=False, mlp_bias=False, **common)
+
+
+def _activation(mapping: dict, name: str) -> str:
+    if name not in mapping:
+        raise ValueError(f"activation {name!r} has no equivalent here; supported: {sorted(mapping)}")
+    return mapping[name]
+
+
+def _family_of(config: TransformerConfig) -> str:
+    for family, fields in _FAMILY.items():
+        if all(getattr(config, k) == v for k, v in fields.items()):
+            allowed = _GLU_FROM_HF.values() if family == "llama" else _ACT_TO_HF
+            if config.activation in allowed:
+                return family
+    raise ValueError("this config matches none of BERT, GPT-2 or Llama; start from TransformerConfig.bert/gpt2/llama()")
+
+
+# -- the two directions -----------------------------------------------------------------------------------
+def from_hf(hf_model: nn.Module) -> nn.Module:
+    """Our model with ``hf_model``'s weights: ``Transformer`` for a bare model, else ``CausalLM``/``MaskedLM``."""
+    name = type(hf_model).__name__
+    if name not in _HF_CLASSES:
+        raise TypeError(f"from_hf takes one of {sorted(_HF_CLASSES)}, got {name}")
+    family, head = _HF_CLASSES[name]
+    config = _config_from_hf(family, hf_model.config)
+    model = Transformer(config) if head == "bare" else (MaskedLM if family == "bert" else CausalLM)(config)
+    theirs = hf_model.state_dict()
+    ours = {}
+    for our_name, their_name, how in _full_table(family, head, config.n_layers):
+        w = theirs[their_name]
+        if how == "t":
+            w = w.t()
+        elif how.startswith("qkv"):  # c_attn: (d, 3d) or (3d,) holding q, k, v side by side
+            w = w.chunk(3, dim=-1)[int(how[3])]
+            w = w.t() if w.dim() == 2 else w
+        ours[our_name] = w.detach().clone().contiguous()
+    model.load_state_dict(ours, strict=True)
+    return model.to(next(hf_model.parameters()).dtype).train(hf_model.training)
+
+
+def to_hf(model: nn.Module) -> nn.Module:
+    """The ``transformers`` model with our weights (same family, same head)."""
+    import transformers
+
+    family = _family_of(model.config)
+    if isinstance(model, Transformer):
+        head = "bare"
+        cls = {"bert": transformers.BertModel, "gpt2": transformers.GPT2Model, "llama": transformers.LlamaModel}[family]
+    elif isinstance(model, (CausalLM, MaskedLM)):
+        head = "lm"
+        cls = {"bert": transformers.BertForMaskedLM, "gpt2": transformers.GPT2LMHeadModel,
+               "llama": transformers.LlamaForCausalLM}[family]
+    else:
+        raise TypeError(f"to_hf takes a Transformer, CausalLM or MaskedLM, got {type(model).__name__}")
+    kwargs = {"add_pooling_layer": False} if cls is transformers.BertModel else {}
+    hf_model = cls(_hf_config(family, model.config), **kwargs)
+    ours = model.state_dict()
+    theirs: dict[str, torch.Tensor] = {}
+    for our_name, their_name, how in _full_table(family, head, model.config.n_layers):
+        w = ours[our_name]
+        if how.startswith("qkv"):  # gather q, k, v into c_attn
+            theirs.setdefault(their_name, [None] * 3)[int(how[3])] = w.t() if w.dim() == 2 else w
+            continue
+        theirs[their_name] = w.t() if how == "t" else w
+    theirs = {k: torch.cat(v, dim=-1) if isinstance(v, list) else v for k, v in theirs.items()}
+    hf_model.load_state_dict({k: v.detach().clone().contiguous() for k, v in theirs.items()}, strict=True)
+    return hf_model.to(next(model.parameters()).dtype).train(model.training)

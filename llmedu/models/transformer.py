@@ -1,0 +1,149 @@
+"""The one transformer stack of the course: embeddings, N blocks, a final norm.
+
+Everything that varies is read from ``TransformerConfig``:
+
+    ids (B, T) -> token embeddings [+ absolute positions] [+ segments] [-> norm]      (B, T, d)
+               -> blocks: attention (with RoPE, or ALiBi / T5 bias in the mask) + FFN  (B, T, d)
+               -> final norm (pre-LN and sandwich stacks)                              (B, T, d)
+
+It returns hidden states; the heads in ``gpt.py`` and ``bert.py`` turn them into logits. With a
+``KVCache`` it processes only the new tokens and reads the past from the cache, which is how
+``generate`` decodes. Initialisation follows GPT-2: N(0, 0.02), with the projections that write into
+the residual stream scaled by 1/sqrt(2 * n_layers) (Radford et al. 2019, sec. 2.3); DeepNorm stacks
+use DeepNet's initialisation instead.
+
+Left out: encoder-decoder models, and the position handling of left-padded batches during decoding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..nn.attention import KVCache, padding_bias
+from ..nn.blocks import ParallelBlock, SerialBlock
+from ..nn.norms import deepnorm_constants, deepnorm_init_, make_norm
+from ..nn.positions import (
+    ALiBi,
+    LearnedPositions,
+    RelativePositionBias,
+    ScaledSinusoidalPositions,
+    SinusoidalPositions,
+    rope_cos_sin,
+)
+from .config import TransformerConfig
+
+__all__ = ["Transformer", "make_block"]
+
+
+def make_block(config: TransformerConfig) -> nn.Module:
+    block = ParallelBlock if config.block == "parallel" else SerialBlock
+    return block(
+        d_model=config.d_model,
+        n_heads=config.n_heads,
+        d_ff=config.d_ff,
+        n_kv_heads=config.n_kv_heads,
+        activation=config.activation,
+        norm=config.norm,
+        norm_eps=config.norm_eps,
+        placement=config.norm_placement,
+        bias=config.bias,
+        attn_impl=config.attn_impl,
+        dropout=config.dropout,
+        deepnorm_alpha=deepnorm_constants(config.n_layers)[0],
+    )
+
+
+class Transformer(nn.Module):
+    """input_ids (B, T) -> hidden states (B, T, d_model)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = c = config
+        self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.type_embed = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        self.pos_embed = {
+            "learned": lambda: LearnedPositions(c.max_seq_len, c.d_model),
+            "sinusoidal": lambda: SinusoidalPositions(c.d_model),
+            "scaled_sinusoidal": lambda: ScaledSinusoidalPositions(c.d_model),
+        }.get(c.position, lambda: None)()
+        self.pos_bias = {
+            "alibi": lambda: ALiBi(c.n_heads),
+            "relative": lambda: RelativePositionBias(
+                c.n_heads, c.relative_buckets, c.relative_max_distance, bidirectional=not c.causal
+            ),
+        }.get(c.position, lambda: None)()
+        self.embed_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.embedding_norm else None
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(make_block(c) for _ in range(c.n_layers))
+        final = c.norm_placement in ("pre", "sandwich")  # post-LN stacks end normalised already
+        self.final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if final else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        c = self.config
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=c.init_std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.Embedding, LearnedPositions, RelativePositionBias)):
+                nn.init.normal_(module.weight, std=c.init_std)
+        for block in self.blocks:
+            if c.norm_placement == "deepnorm":
+                deepnorm_init_(block, beta=deepnorm_constants(c.n_layers)[1])
+            else:  # the two projections that add into the residual stream
+                for proj in (block.attn.o_proj, block.mlp.down_proj):
+                    nn.init.normal_(proj.weight, std=c.init_std / math.sqrt(2 * c.n_layers))
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
+        """An empty KV cache for this model (on its device, in its dtype)."""
+        c, weight = self.config, self.tok_embed.weight
+        return KVCache(c.n_layers, batch, c.n_kv_heads, c.head_dim, max_len or c.max_seq_len, weight.device, weight.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """``attention_mask`` (B, T_past + T): 1 for tokens, 0 for padding. Returns (B, T, d)."""
+        c = self.config
+        if input_ids.dim() != 2 or input_ids.dtype != torch.long:
+            raise ValueError(
+                f"input_ids must be a (batch, seq) tensor of int64, got {input_ids.dtype} {tuple(input_ids.shape)}"
+            )
+        B, T = input_ids.shape
+        past = cache.length if cache is not None else 0
+        positions = torch.arange(past, past + T, device=input_ids.device)  # (T,)
+
+        x = self.tok_embed(input_ids)  # (B, T, d)
+        if self.type_embed is not None:
+            types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            x = x + self.type_embed(types)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)  # (T, d) broadcast over the batch
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        x = self.drop(x)
+
+        mask = None  # additive, broadcastable to (B, H, T, T_past + T)
+        if self.pos_bias is not None:
+            mask = self.pos_bias(positions, torch.arange(past + T, device=x.device)).to(x.dtype)  # (1, H, T, Tk)
+        if attention_mask is not None:
+            if attention_mask.shape != (B, past + T):
+                raise ValueError(
+                    f"attention_mask must have shape {(B, past + T)} (batch, past + new tokens), "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            pad = padding_bias(attention_mask, x.dtype)  # (B, 1, 1, Tk)
+            mask = pad if mask is None else mask.masked_fill(pad < 0, torch.finfo(x.dtype).min)
+        rope = rope_cos_sin(positions, c.head_dim, c.rope_base) if c.position == "rope" else None
+
+        for i, block in enumerate(self.blocks):
+            x = block(x, causal=c.causal, attn_mask=mask, rope=rope, cache=cache, layer=i)  # (B, T, d)
+        return self.final_norm(x) if self.final_norm is not None else x

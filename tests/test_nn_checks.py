@@ -1,0 +1,51 @@
+"""The graders of lessons 02-05 pass correct answers and fail the common wrong ones."""
+
+
+import torch
+import torch.nn.functional as F
+
+from llmedu.checks import nn as checks
+from llmedu.nn.attention import causal_mask, kv_cache_bytes, math_attention
+from llmedu.nn.positions import alibi_slopes, apply_rope, rope_cos_sin, sinusoidal_table
+
+
+def _rope(x, positions, base):
+    return apply_rope(x, *rope_cos_sin(positions, x.shape[-1], base))
+
+
+def _rope_interleaved(x, positions, base):  # the paper's (2i, 2i+1) pairing: a different layout
+    D = x.shape[-1]
+    angles = positions.float()[:, None] * base ** (-torch.arange(0, D, 2).float() / D)  # (T, D/2)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * angles.cos() - x2 * angles.sin()
+    out[..., 1::2] = x1 * angles.sin() + x2 * angles.cos()
+    return out
+
+
+def test_correct_answers_pass(capsys):
+    assert checks.check_sinusoidal(sinusoidal_table)
+    assert checks.check_alibi_slopes(alibi_slopes)
+    assert checks.check_rope(_rope)
+    assert checks.check_layernorm(lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps))
+    assert checks.check_rmsnorm(lambda x, w, eps: F.rms_norm(x, x.shape[-1:], w, eps))
+    assert checks.check_swiglu(lambda x, wg, wu, wd: (F.silu(x @ wg.T) * (x @ wu.T)) @ wd.T)
+    assert checks.check_causal_mask(causal_mask)
+    assert checks.check_gqa_attention(lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c, enable_gqa=True))
+    assert checks.check_kv_cache_bytes(kv_cache_bytes)
+    assert checks.check_flops_per_token(lambda n, L, T, d: 6 * n + 12 * L * T * d)
+    assert capsys.readouterr().out.count("PASS") == 10
+
+
+def test_wrong_answers_fail(capsys):
+    assert not checks.check_rope(_rope_interleaved)
+    assert not checks.check_rmsnorm(lambda x, w, eps: F.layer_norm(x, x.shape[-1:], w, None, eps))
+    assert "that is LayerNorm" in capsys.readouterr().out
+    assert not checks.check_causal_mask(lambda t_q, t_k: torch.ones(t_q, t_k).tril().bool())  # top-left aligned
+    assert not checks.check_gqa_attention(lambda q, k, v, c: math_attention(q, k[:, :1], v[:, :1], c, None))
+    assert not checks.check_kv_cache_bytes(lambda L, H, D, T, B, s: L * H * D * T * B * s)  # forgot the values
+    assert not checks.check_alibi_slopes(lambda n: torch.tensor([2 ** (-8 * (i + 1) / n) for i in range(n)]))
+    assert not checks.check_flops_per_token(lambda n, L, T, d: 6 * n)
+    assert not checks.check_sinusoidal(lambda p, d: sinusoidal_table(p, d).flip(-1))
+    assert not checks.check_swiglu(lambda x, wg, wu, wd: (F.gelu(x @ wg.T) * (x @ wu.T)) @ wd.T)
+    assert not checks.check_layernorm(lambda x, w, b, eps: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True) * w + b)
