@@ -74,7 +74,8 @@ class Grader:
         except Exception as err:  # the learner's bug is the message, not a crash of the grader
             self.cases += 1
             frames = traceback.extract_tb(err.__traceback__)
-            where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+            # the function and line, not the file: a notebook cell's file is a temporary path
+            where = f" (in {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
             self.failure = f"your function raised {type(err).__name__}: {err}{where}"
             return FAILED
 

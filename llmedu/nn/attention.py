@@ -74,7 +74,8 @@ def register_attention(name: str, fn: AttentionFn | None = None, *, overwrite: b
 
 def get_attention(name: str) -> AttentionFn:
     if name not in ATTENTION_FUNCTIONS:
-        raise KeyError(f"no attention function {name!r}; registered: {sorted(ATTENTION_FUNCTIONS)}")
+        hint = " ('flash' is registered by `import llmedu.kernels`)" if name == "flash" else ""
+        raise KeyError(f"no attention function {name!r}; registered: {sorted(ATTENTION_FUNCTIONS)}{hint}")
     return ATTENTION_FUNCTIONS[name]
 
 
