@@ -1,0 +1,109 @@
+"""The same PEFT methods on our own models (``llmedu.models``), with ``transformers`` as the oracle.
+
+``from_hf`` gives our model the weights of a tiny random Hugging Face model (Llama or BERT). The
+same method is applied to both, with the same adapter weights, and the outputs must agree to
+1e-5 (float32; the base models themselves agree to ~1e-7). This proves that name-pattern
+injection works on a model that was not written for ``transformers``.
+"""
+
+import copy
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+
+from llmedu.models.hf import from_hf
+from llmedu.peft import (PrefixTuning, PromptTuning, apply_adapters, apply_llama_adapter, apply_lora,
+                         count_parameters)
+from llmedu.peft.inject import adapter_parameter_names
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def llamas():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    hf = LlamaForCausalLM(config).eval()
+    return hf, from_hf(hf).eval()
+
+
+@pytest.fixture(scope="module")
+def berts():
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf = BertModel(config, add_pooling_layer=False).eval()
+    return hf, from_hf(hf).eval()
+
+
+IDS = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2))
+MASK = torch.tensor([[1] * 7, [0, 0] + [1] * 5])
+
+
+def outputs(model):
+    with torch.no_grad():
+        out = model(input_ids=IDS, attention_mask=MASK)
+    out = out if isinstance(out, torch.Tensor) else (out.logits if hasattr(out, "logits") else out.last_hidden_state)
+    return out[MASK.bool()]  # padded positions are garbage on both sides
+
+
+def copy_adapter(source, target, seed=0):
+    """Randomise ``source``'s adapter tensors, then copy them into ``target`` (both in model order)."""
+    g = torch.Generator().manual_seed(seed)
+    src = [p for n, p in source.named_parameters() if n in adapter_parameter_names(source)]
+    dst = [p for n, p in target.named_parameters() if n in adapter_parameter_names(target)]
+    assert [p.shape for p in src] == [p.shape for p in dst]
+    with torch.no_grad():
+        for a, b in zip(src, dst):
+            a.copy_(torch.randn(a.shape, generator=g) * 0.3)
+            b.copy_(a)
+
+
+def check_same(hf, ours, apply_hf, apply_ours):
+    hf, ours = copy.deepcopy(hf), copy.deepcopy(ours)
+    wrapped_hf, wrapped_ours = apply_hf(hf), apply_ours(ours)  # a wrapper, or the names adapted in place
+    hf = wrapped_hf if isinstance(wrapped_hf, torch.nn.Module) else hf
+    ours = wrapped_ours if isinstance(wrapped_ours, torch.nn.Module) else ours
+    assert count_parameters(hf)[0] == count_parameters(ours)[0]
+    copy_adapter(hf, ours)
+    assert (outputs(hf) - outputs(ours)).abs().max() < ATOL
+
+
+@pytest.mark.parametrize("method", ["lora", "adapters", "llama_adapter", "prefix"])
+def test_methods_on_our_llama(method, llamas):
+    hf, ours = llamas
+    if method == "lora":
+        check_same(hf, ours, lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4), lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4))
+    elif method == "adapters":
+        same = lambda m: apply_adapters(m, ["o_proj", "down_proj"], bottleneck=4)  # noqa: E731
+        check_same(hf, ours, same, same)
+    elif method == "llama_adapter":
+        check_same(hf, ours, lambda m: apply_llama_adapter(m, "self_attn", 1, 3), lambda m: apply_llama_adapter(m, "attn", 1, 3))
+    else:
+        prefix = lambda m: PrefixTuning(m, n_virtual=3).eval()  # noqa: E731
+        check_same(hf, ours, prefix, prefix)
+
+
+def test_methods_on_our_bert(berts):
+    hf, ours = berts
+    check_same(hf, ours, lambda m: apply_lora(m, ["query", "value"], r=4), lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4))
+    # Their adapter sits before BERT's output projection, ours after o_proj: the same sum, one bias.
+    check_same(hf, ours, lambda m: apply_llama_adapter(m, "attention.self", 2, 3), lambda m: apply_llama_adapter(m, "attn", 2, 3))
+
+
+def test_prefix_tuning_trains_on_our_model(llamas):
+    _, ours = llamas
+    model = PrefixTuning(copy.deepcopy(ours), n_virtual=3, projection=8).train()
+    logits = model(IDS, attention_mask=MASK)  # (B, T, V): the prefix adds no output position
+    assert logits.shape == (2, 7, 64)
+    logits.logsumexp(-1).mean().backward()
+    assert model.prefix.grad is not None and model.mlp[0].weight.grad is not None
+    assert all(p.grad is None for p in model.base.parameters())
+
+
+def test_prompt_tuning_needs_input_embeddings(llamas):
+    _, ours = llamas
+    with pytest.raises(TypeError, match="inputs_embeds"):
+        PromptTuning(copy.deepcopy(ours), n_virtual=3)
