@@ -1,0 +1,242 @@
+"""One small trainer for every lesson: a budget, accumulation, precision, clipping, a schedule,
+callbacks, a progress bar, and checkpoints that resume exactly.
+
+    history = train(model, optimizer, batches, loss_fn, TrainConfig(max_steps=200, accumulation=4))
+
+What it needs, and nothing more:
+
+* ``model`` and ``optimizer``: any ``nn.Module`` and ``torch.optim.Optimizer``.
+* ``batches``: a function ``i -> the i-th micro-batch`` (best: a run can then resume at any
+  position exactly), or any iterable of micro-batches (resuming skips the ones already used).
+* ``loss_fn(model, batch) -> scalar loss``: the forward pass lives there, so the trainer knows
+  nothing of models, tasks or heads.
+
+One optimizer step, with ``k = accumulation`` micro-batches::
+
+    for each of k micro-batches:          # gradients add up in .grad
+        with autocast:  loss = loss_fn(model, batch) / k
+        backward(loss * S)                # S = the loss scale (fp16), else 1
+    unscale; clip ||g|| to `clip_grad_norm`; lr = base_lr * schedule(step)
+    optimizer.step()                      # skipped if a gradient overflowed (fp16)
+
+Dividing each micro-batch's loss by k makes the summed gradient the gradient of the mean loss over
+all k micro-batches: the gradient of one k-times larger batch (when the loss is a mean over equal
+micro-batches, and no layer mixes the samples of a batch: BatchNorm does; see lesson 08).
+
+The budget is a number of optimizer steps, a number of wall-clock seconds (the Cramming setting:
+Geiping & Goldstein 2022), or both: training stops at whichever comes first.
+
+Left out: evaluation during training (a callback can do it), several optimizers, ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from itertools import count, islice
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ..runtime import synchronize
+from . import checkpoint as ckpt
+from .precision import Precision
+from .schedules import Schedule
+
+__all__ = ["TrainConfig", "StepInfo", "History", "train", "log_to", "count_tokens"]
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int | None = None  # optimizer steps
+    max_seconds: float | None = None  # wall-clock budget; the first limit reached stops training
+    accumulation: int = 1  # micro-batches per optimizer step
+    precision: str | Precision = "fp32"  # fp32, bf16 (autocast), fp16 (autocast + loss scaling)
+    clip_grad_norm: float | None = None  # clip the global gradient norm to this value
+    schedule: Schedule | None = None  # step -> multiplier of each group's base learning rate
+    checkpoint_dir: str | Path | None = None
+    checkpoint_every: int | None = None  # steps between checkpoints (and one at the end)
+    progress: bool = True  # a tqdm progress bar
+
+    def __post_init__(self):
+        if self.max_steps is None and self.max_seconds is None:
+            raise ValueError("give a budget: max_steps, max_seconds, or both")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise ValueError(f"max_steps must be a positive int, got {self.max_steps!r}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be positive, got {self.max_seconds!r}")
+        if not isinstance(self.accumulation, int) or self.accumulation < 1:
+            raise ValueError(f"accumulation must be an int >= 1 (micro-batches per step), got {self.accumulation!r}")
+        if not isinstance(self.precision, Precision):
+            Precision(self.precision)  # raises for an unknown precision
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be positive, got {self.clip_grad_norm!r}")
+        if self.checkpoint_every is not None and (self.checkpoint_dir is None or self.checkpoint_every < 1):
+            raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+
+
+@dataclass
+class StepInfo:
+    """What happened in one optimizer step; handed to every callback."""
+
+    step: int  # optimizer steps done, this one included
+    loss: float  # mean loss over the step's micro-batches
+    lr: float  # learning rate of the first parameter group
+    grad_norm: float  # global gradient norm before clipping (inf if it overflowed)
+    tokens: int
+    seconds: float  # wall-clock time of this step
+    elapsed: float  # wall-clock time of the run so far (across resumes)
+    loss_scale: float | None  # fp16 only: the scale used in this step
+    skipped: bool  # fp16 only: the update was skipped because a gradient overflowed
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class History:
+    """Every ``StepInfo`` of a run, and why it stopped ('steps', 'seconds' or 'data')."""
+
+    steps: list[StepInfo] = field(default_factory=list)
+    stop_reason: str = ""
+
+    def __getitem__(self, name: str) -> list:
+        """A column, e.g. ``history['loss']``."""
+        return [getattr(s, name) for s in self.steps]
+
+
+def count_tokens(batch: Any) -> int:
+    """Elements of the batch's first tensor (a (B, T) tensor of ids: B*T tokens)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel()
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value.numel()
+    raise TypeError(f"cannot count the tokens of a {type(batch).__name__}; pass count_tokens=")
+
+
+def log_to(monitor, metrics: Iterable[str] = ("loss", "lr", "tokens_per_s")) -> Callable[[StepInfo], None]:
+    """A callback that logs the named ``StepInfo`` fields to a ``LiveMonitor`` every step."""
+    names = tuple(metrics)
+    return lambda info: monitor.log(info.step, **{n: getattr(info, n) for n in names if getattr(info, n) is not None})
+
+
+def _micro_batches(batches, start: int):
+    """Micro-batches from position ``start`` on: ``batches(i)`` or an iterable skipped ahead."""
+    if callable(batches):
+        return (batches(i) for i in count(start))
+    iterator = iter(batches)
+    for _ in range(start):
+        if next(iterator, None) is None:
+            raise ValueError(f"cannot resume at micro-batch {start}: the data ended before it")
+    return iterator
+
+
+def train(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Callable[[int], Any] | Iterable,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+    config: TrainConfig,
+    *,
+    callbacks: Iterable[Callable[[StepInfo], None]] = (),
+    resume: bool | str | Path = False,
+    count_tokens: Callable[[Any], int] = count_tokens,
+) -> History:
+    """Train until the budget in ``config`` is spent (or the data ends); see the module docstring.
+
+    ``resume``: True continues from the latest checkpoint in ``config.checkpoint_dir``; a path
+    continues from that checkpoint folder. Without it, an existing checkpoint in the directory is
+    an error rather than something to overwrite.
+    """
+    c = config
+    policy = c.precision if isinstance(c.precision, Precision) else Precision(c.precision)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    device_type = params[0].device.type
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])  # the base rate the schedule multiplies
+
+    step, position, elapsed = 0, 0, 0.0
+    if resume:
+        if resume is True:
+            if c.checkpoint_dir is None or ckpt.latest(c.checkpoint_dir) is None:
+                raise FileNotFoundError(f"resume=True but there is no checkpoint in {c.checkpoint_dir!r}")
+            resume = ckpt.latest(c.checkpoint_dir)
+        state = ckpt.load(resume, model, optimizer)
+        step, position, elapsed = state["step"], state["position"], state["seconds"]
+        if policy.scaler is not None and state.get("scaler"):
+            policy.scaler.load_state_dict(state["scaler"])
+    elif c.checkpoint_dir is not None and ckpt.latest(c.checkpoint_dir) is not None:
+        raise FileExistsError(f"{c.checkpoint_dir} already holds checkpoints: pass resume=True, or use an empty directory")
+
+    def save() -> None:
+        scaler = policy.scaler.state_dict() if policy.scaler else None
+        ckpt.save(c.checkpoint_dir, model, optimizer, {"step": step, "position": position, "seconds": elapsed, "scaler": scaler})
+
+    data = _micro_batches(batches, position)
+    history = History()
+    saved_at = step if resume else None
+    bar = tqdm(total=c.max_steps, initial=step, disable=not c.progress, desc="train", unit="step", dynamic_ncols=True)
+    model.train()
+    while True:
+        if c.max_steps is not None and step >= c.max_steps:
+            history.stop_reason = "steps"
+            break
+        if c.max_seconds is not None and elapsed >= c.max_seconds:
+            history.stop_reason = "seconds"
+            break
+        start = time.perf_counter()
+        scale = policy.scaler.scale_value if policy.scaler else None
+        loss_sum, tokens, used = 0.0, 0, 0
+        for batch in islice(data, c.accumulation):  # gradients of the micro-batches add up in .grad
+            with policy.autocast(device_type):
+                loss = loss_fn(model, batch) / c.accumulation
+            (policy.scaler.scale(loss) if policy.scaler else loss).backward()
+            loss_sum += loss.item()
+            tokens += count_tokens(batch)
+            used += 1
+        position += used
+        if used < c.accumulation:  # the data ended inside a step: drop its partial gradients
+            optimizer.zero_grad(set_to_none=True)
+            history.stop_reason = "data"
+            break
+
+        if policy.scaler:
+            policy.scaler.unscale_(optimizer)  # the true gradients, before measuring or clipping
+        if c.clip_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, c.clip_grad_norm)  # returns the norm before
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if c.schedule is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * c.schedule(step)
+        if policy.scaler:
+            stepped = policy.scaler.step(optimizer)  # False: a gradient overflowed, step skipped
+            policy.scaler.update()
+        else:
+            optimizer.step()
+            stepped = True
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+        synchronize(params[0].device)  # GPU kernels run asynchronously: wait before reading the clock
+        seconds = time.perf_counter() - start
+        elapsed += seconds
+        info = StepInfo(step, loss_sum, optimizer.param_groups[0]["lr"], float(grad_norm), tokens, seconds, elapsed, scale, not stepped)
+        history.steps.append(info)
+        for callback in callbacks:
+            callback(info)
+        bar.update(1)
+        bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
+        if c.checkpoint_every and step % c.checkpoint_every == 0:
+            save()
+            saved_at = step
+    bar.close()
+    if c.checkpoint_dir is not None and saved_at != step:
+        save()  # the final state
+    return history
