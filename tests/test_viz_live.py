@@ -30,13 +30,14 @@ def test_records_aligned_series_with_gaps():
 
 
 def test_figure_has_one_panel_per_metric_and_stacks_dicts():
-    mon = LiveMonitor(title="t", live=False)
+    mon = LiveMonitor(title="t", xlabel="op", live=False)
     for i in range(5):
         mon.log(i, loss=1 / (i + 1), tokens_per_s=100.0, memory={"a": 1.0, "b": float(i)})
     fig = mon.figure()
     axes = fig.get_axes()
     assert [ax.get_title().split(":")[0] for ax in axes] == ["loss", "tokens_per_s", "memory"]
     assert len(axes[2].collections) == 2  # one stacked band per key
+    assert {ax.get_xlabel() for ax in axes} == {"op"}
     top = axes[2].collections[1].get_paths()[0].vertices[:, 1].max()
     assert top == pytest.approx(1.0 + 4.0)  # the bands are stacked, not overlaid
 

@@ -49,6 +49,7 @@ class LiveMonitor:
 
     Args:
         title: the figure's title.
+        xlabel: what the x axis counts (default "step").
         overhead: the largest fraction of wall-clock time spent drawing (see the module docstring).
         min_interval: never redraw more often than this many seconds.
         save: a path; ``close()`` writes the final figure there (PNG, SVG or PDF by extension).
@@ -60,6 +61,7 @@ class LiveMonitor:
         self,
         title: str | None = None,
         *,
+        xlabel: str = "step",
         overhead: float = 0.02,
         min_interval: float = 0.5,
         save: str | None = None,
@@ -69,6 +71,7 @@ class LiveMonitor:
         if not 0 < overhead < 1:
             raise ValueError(f"overhead must be a fraction in (0, 1), got {overhead}")
         self.title = title
+        self.xlabel = xlabel
         self.overhead = overhead
         self.min_interval = min_interval
         self.save = save
@@ -131,7 +134,7 @@ class LiveMonitor:
                 ax.plot(self.steps, series)
                 last = next((v for v in reversed(series) if not math.isnan(v)), math.nan)
                 ax.set_title(f"{name}: {last:.4g}", fontsize="medium")
-            ax.set_xlabel("step")
+            ax.set_xlabel(self.xlabel)
             ax.grid(alpha=0.3)
         return fig
 
