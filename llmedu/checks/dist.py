@@ -1,0 +1,128 @@
+"""Graders for lessons 09 (collectives) and 10 (data parallelism).
+
+``check_tree_schedule``, ``check_ring_all_reduce_bytes``, ``check_assign_buckets`` and
+``check_hidden_communication`` run in this process; ``check_ring_all_reduce`` starts three real processes (a few seconds) and compares
+your all-reduce with ``torch.distributed.all_reduce`` on sizes that do not divide by three.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..dist.collectives import ring_all_reduce_bytes
+from ..dist.data_parallel import assign_buckets, hidden_communication
+from ..dist.launch import WorkerError, launch
+from .core import CheckResult, Grader
+
+__all__ = [
+    "check_tree_schedule",
+    "check_ring_all_reduce_bytes",
+    "check_ring_all_reduce",
+    "check_assign_buckets",
+    "check_hidden_communication",
+]
+
+
+def check_tree_schedule(tree_schedule: Callable[[int, int], list]) -> CheckResult:
+    """``tree_schedule(world_size, root)``: rounds of (sender, receiver) pairs of a broadcast.
+
+    Any schedule passes if, in every round, each sender already has the data, each receiver does
+    not, nobody sends or receives twice, and everyone has it after ``ceil(log2 N)`` rounds.
+    """
+    g = Grader("check_tree_schedule")
+    for n in range(1, 10):
+        for root in (0, n // 2, n - 1):
+            rounds = g.call(tree_schedule, n, root)
+            case = f"world_size={n}, root={root}"
+            if not g.expect(f"{case}: a list of rounds", isinstance(rounds, (list, tuple)), f"got {rounds!r}"):
+                break
+            have = {root}
+            for i, pairs in enumerate(rounds):
+                pairs = [tuple(p) for p in pairs]
+                senders, receivers = [s for s, _ in pairs], [r for _, r in pairs]
+                g.expect(f"{case}, round {i}: senders have the data", all(s in have for s in senders), f"{pairs}, holders {sorted(have)}")
+                g.expect(f"{case}, round {i}: receivers do not have it yet", not any(r in have for r in receivers), f"{pairs}")
+                g.expect(f"{case}, round {i}: one message per rank", len(set(senders)) == len(senders) and len(set(receivers)) == len(receivers), f"{pairs}")
+                have |= set(receivers)
+            g.expect(f"{case}: everyone reached", have == set(range(n)), f"only {sorted(have)}")
+            g.expect(f"{case}: in ceil(log2 N) rounds", len(rounds) == (n - 1).bit_length(), f"{len(rounds)} rounds")
+    return g.result()
+
+
+def check_ring_all_reduce_bytes(fn: Callable[[int, int, int], list]) -> CheckResult:
+    """``fn(numel, world_size, element_size)``: bytes each rank sends in our ring all-reduce."""
+    g = Grader("check_ring_all_reduce_bytes")
+    for numel, n, size in [(12, 4, 4), (1000, 2, 4), (1001, 4, 4), (7, 3, 8), (3, 4, 2), (100, 1, 4)]:
+        g.compare(f"numel={numel}, world_size={n}, element_size={size}", g.call(fn, numel, n, size),
+                  ring_all_reduce_bytes(numel, n, size))
+    return g.result()
+
+
+def _run_learner(fn: Callable) -> list:
+    """In each process: the learner's all-reduce and torch's on a few sizes (or the error)."""
+    rank = dist.get_rank()
+    answers = []
+    for shape in [(1,), (5,), (1001,), (4, 3)]:
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(rank * 100 + sum(shape)))
+        expected = x.clone()
+        dist.all_reduce(expected)
+        try:
+            got = fn(x.clone())
+        except Exception as err:
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            return [f"rank {rank} raised {type(err).__name__}: {err} (line {where.lineno})"]
+        answers.append((tuple(shape), got, expected))
+    return answers
+
+
+def check_ring_all_reduce(ring_all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> CheckResult:
+    """Your all-reduce (sum) on 3 processes against ``torch.distributed.all_reduce``.
+
+    Float sums in another order differ by a few ulps: atol=1e-5 on values of size ~1.
+    """
+    g = Grader("check_ring_all_reduce")
+    try:
+        results = launch(_run_learner, 3, ring_all_reduce, timeout=10, echo=False)
+    except WorkerError as err:
+        hint = " (a hang: did every rank post its receive before waiting on its send?)" if "timeout" in str(err) else ""
+        g.expect("running on 3 processes", False, f"rank {err.rank} failed{hint}: {str(err).strip().splitlines()[-1]}")
+        return g.result()
+    for rank, answers in enumerate(results):
+        if answers and isinstance(answers[0], str):
+            g.expect("running on 3 processes", False, answers[0])
+            break
+        for shape, got, expected in answers:
+            g.compare(f"rank {rank}, tensor of shape {shape}", got, expected, atol=1e-5)
+    return g.result()
+
+
+def check_assign_buckets(fn: Callable[[list, int], list]) -> CheckResult:
+    """``fn(sizes, bucket_bytes)``: parameter indices grouped into buckets, last parameter first."""
+    g = Grader("check_assign_buckets")
+    for sizes, cap in [([4, 4, 4, 4], 8), ([4, 100, 4], 8), ([1, 2, 3], 1000), ([5, 3, 3, 5, 1], 6), ([8], 8)]:
+        g.compare(f"sizes={sizes}, bucket_bytes={cap}", g.call(fn, list(sizes), cap), assign_buckets(sizes, cap))
+    return g.result()
+
+
+def check_hidden_communication(fn: Callable[[list], float]) -> CheckResult:
+    """``fn(events)``: the fraction of communication time overlapped by compute on the same rank."""
+    g = Grader("check_hidden_communication")
+
+    def ev(rank, lane, start, end):
+        return dict(rank=rank, lane=lane, label=lane, start=start, end=end)
+
+    cases = {
+        "no overlap": [ev(0, "compute", 0, 1), ev(0, "comm", 1, 2)],
+        "fully hidden": [ev(0, "compute", 0, 3), ev(0, "comm", 1, 2)],
+        "half hidden": [ev(0, "compute", 0, 2), ev(0, "comm", 1, 3)],
+        "two compute spans": [ev(0, "compute", 0, 1), ev(0, "compute", 1.5, 2), ev(0, "comm", 0.5, 2.5)],
+        "other rank's compute does not count": [ev(1, "compute", 0, 9), ev(0, "comm", 1, 2), ev(0, "compute", 0, 1.5)],
+        "two ranks": [ev(0, "comm", 0, 2), ev(0, "compute", 0, 1), ev(1, "comm", 0, 2), ev(1, "compute", 0, 2)],
+    }
+    for name, events in cases.items():
+        g.compare(name, g.call(fn, [dict(e) for e in events]), hidden_communication(events), atol=1e-9)
+    return g.result()

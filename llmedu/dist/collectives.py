@@ -1,0 +1,333 @@
+"""Collectives built from nothing but point-to-point ``send`` and ``recv``.
+
+Every collective of ``torch.distributed`` can be written with two primitives: "send this buffer
+to rank j" and "receive a buffer from rank i". How the messages are arranged decides the cost.
+In the alpha-beta model a message of ``b`` bytes takes ``alpha + b / beta`` seconds, so:
+
+* ``broadcast`` and ``reduce`` use a binomial tree: ``ceil(log2 N)`` rounds, in each of which
+  every rank that has the data sends the whole tensor once. Few rounds: good for small tensors.
+* ``gather`` and ``scatter`` are linear: the root exchanges one message with every other rank.
+* ``reduce_scatter`` and ``all_gather`` go around a ring in ``N - 1`` steps; each step a rank
+  sends one ``1/N`` chunk to its right neighbour and receives one from its left.
+* ``ring_all_reduce`` is reduce-scatter followed by all-gather (Patarasuk & Yuan, 2009; the
+  scheme Baidu brought to deep learning in 2017): each rank sends ``2 (N - 1) / N`` times the
+  tensor, independent of N, which is why it is bandwidth-optimal.
+
+Sizes need not divide: chunks are ``torch.tensor_split`` pieces (some one element larger, some
+possibly empty). ``with traffic() as t:`` counts the payload bytes and messages this rank sends,
+for comparison with the model. Before moving data, each collective checks (with a tiny ring
+exchange that is not counted) that every rank passed the same shape and dtype, so that a
+mistake raises the same clear error on every rank instead of hanging; ``check=False`` skips it.
+
+Left out: process groups other than the whole world, pipelining chunks within a step (gloo's
+``ring_chunked`` overlaps the additions with the transfers), and topology-aware algorithms
+(NCCL's trees across nodes, double binary trees).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "tree_schedule",
+    "ring_all_reduce_bytes",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_gather",
+    "reduce_scatter",
+    "ring_all_reduce",
+    "traffic",
+    "Traffic",
+]
+
+_COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add,
+    "prod": torch.mul,
+    "max": torch.maximum,
+    "min": torch.minimum,
+}
+
+
+# -- counting what is sent ----------------------------------------------------------------------
+@dataclass
+class Traffic:
+    """Payload sent by this rank while the ``traffic()`` block ran."""
+
+    bytes_sent: int = 0
+    messages_sent: int = 0
+
+
+_active: list[Traffic] = []
+
+
+@contextmanager
+def traffic() -> Iterator[Traffic]:
+    """Count the bytes and messages this rank sends inside the block (shape checks excluded)."""
+    counter = Traffic()
+    _active.append(counter)
+    try:
+        yield counter
+    finally:
+        _active.remove(counter)
+
+
+def ring_all_reduce_bytes(numel: int, world_size: int, element_size: int = 4) -> list[int]:
+    """Bytes each rank sends in ``ring_all_reduce`` of ``numel`` elements: the cost model.
+
+    Rank r sends every chunk but its own in the reduce-scatter, and every chunk but its right
+    neighbour's (it has that one already) in the all-gather. With equal chunks that is ``2 (N - 1) / N`` of the tensor.
+    """
+    if world_size == 1:
+        return [0]
+    small, extra = divmod(numel, world_size)  # torch.tensor_split: the first `extra` chunks get one more
+    sizes = [small + (r < extra) for r in range(world_size)]
+    return [element_size * ((numel - sizes[r]) + (numel - sizes[(r + 1) % world_size])) for r in range(world_size)]
+
+
+# -- the two primitives ----------------------------------------------------------------------------
+def _exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int, count: bool = True) -> None:
+    """Send ``send`` to ``dst`` while receiving into ``recv`` from ``src``; wait for both.
+
+    Posting both before waiting is what lets a whole ring move at once: with a blocking send
+    first, every rank would wait for a neighbour that is itself waiting to send. Empty buffers
+    are skipped (both ends know the sizes, so both skip).
+    """
+    works = []
+    if recv is not None and recv.numel() > 0:
+        works.append(dist.irecv(recv, src))
+    if send is not None and send.numel() > 0:
+        if count:
+            for counter in _active:
+                counter.bytes_sent += send.numel() * send.element_size()
+                counter.messages_sent += 1
+        works.append(dist.isend(send, dst))
+    for work in works:
+        work.wait()
+
+
+def _send(tensor: torch.Tensor, dst: int) -> None:
+    _exchange(tensor, dst, None, -1)
+
+
+def _recv(buffer: torch.Tensor, src: int) -> None:
+    _exchange(None, -1, buffer, src)
+
+
+# -- rings on lists of chunks (views of one flat buffer) ------------------------------------------
+def _ring_reduce_scatter(chunks: list[torch.Tensor], combine: Callable, count: bool = True) -> None:
+    """After N - 1 steps, ``chunks[rank]`` holds the reduction over all ranks of that chunk."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype, device=chunks[0].device)
+    for step in range(n - 1):
+        out, into = chunks[(rank - step - 1) % n], chunks[(rank - step - 2) % n]
+        incoming = scratch[: into.numel()].view_as(into)
+        _exchange(out, right, incoming, left, count)
+        combine(into, incoming, out=into)  # in place; the partial result travels right next step
+
+
+def _ring_all_gather(chunks: list[torch.Tensor], count: bool = True) -> None:
+    """``chunks[rank]`` is this rank's; after N - 1 steps every chunk is everywhere."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(n - 1):
+        _exchange(chunks[(rank - step) % n], right, chunks[(rank - step - 1) % n], left, count)
+
+
+# -- the collectives -------------------------------------------------------------------------------
+def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool = True) -> torch.Tensor:
+    """Every rank gets the reduction of every rank's ``tensor``: reduce-scatter, then all-gather."""
+    combine = _combiner(op)
+    if check:
+        _shapes_everywhere(tensor, "ring_all_reduce")
+    n = dist.get_world_size()
+    result = tensor.detach().clone().contiguous()
+    chunks = list(result.view(-1).tensor_split(n))  # N views of the flat result, sizes differ by <= 1
+    _ring_reduce_scatter(chunks, combine)  # chunks[rank] is now complete here
+    _ring_all_gather(chunks)  # and now every chunk is complete everywhere
+    return result
+
+
+def reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, check: bool = True) -> torch.Tensor:
+    """Rank r gets piece r (``tensor_split`` along dim 0) of the reduction of every rank's tensor."""
+    combine = _combiner(op)
+    if check:
+        _shapes_everywhere(tensor, "reduce_scatter")
+    _need_dims(tensor, "reduce_scatter")
+    pieces = tensor.detach().clone().contiguous().tensor_split(dist.get_world_size(), dim=0)
+    _ring_reduce_scatter(list(pieces), combine)
+    return pieces[dist.get_rank()]
+
+
+def all_gather(tensor: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0, in rank order, on every rank.
+
+    Sizes along dim 0 may differ between ranks (the shape check tells everyone the sizes);
+    with ``check=False`` every rank must pass the same shape.
+    """
+    _need_dims(tensor, "all_gather")
+    n = dist.get_world_size()
+    shapes = _shapes_everywhere(tensor, "all_gather", dim0_may_differ=True) if check else [tensor.shape] * n
+    rows = [s[0] for s in shapes]
+    result = torch.empty((sum(rows), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    pieces = list(result.split(rows, dim=0))  # views, contiguous because dim 0 is outermost
+    pieces[dist.get_rank()].copy_(tensor)
+    _ring_all_gather(pieces)
+    return result
+
+
+def tree_schedule(world_size: int, root: int = 0) -> list[list[tuple[int, int]]]:
+    """The rounds of a binomial-tree broadcast from ``root``: in each, a list of (sender, receiver).
+
+    With ranks renumbered so that ``root`` is 0, in the round of ``mask`` (1, 2, 4, ...) every
+    rank below ``mask`` already has the data and sends it to ``rank + mask``: the number of
+    ranks that have it doubles each round, so ``ceil(log2 N)`` rounds reach everyone.
+    """
+    rounds, mask = [], 1
+    while mask < world_size:
+        rounds.append([((me + root) % world_size, (me + mask + root) % world_size)
+                       for me in range(mask) if me + mask < world_size])
+        mask *= 2
+    return rounds
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool = True) -> torch.Tensor:
+    """Every rank gets ``src``'s tensor (the others pass a buffer of the same shape and dtype)."""
+    _root(src, "broadcast")
+    if check:
+        _shapes_everywhere(tensor, "broadcast")
+    rank = dist.get_rank()
+    result = tensor.detach().clone().contiguous()
+    for pairs in tree_schedule(dist.get_world_size(), src):
+        for sender, receiver in pairs:
+            if rank == sender:
+                _send(result, receiver)
+            elif rank == receiver:
+                _recv(result, sender)
+    return result
+
+
+def reduce(tensor: torch.Tensor, dst: int = 0, op: str = "sum", *, check: bool = True) -> torch.Tensor | None:
+    """``dst`` gets the reduction of every rank's tensor (other ranks get None).
+
+    The broadcast tree run backwards: each rank first collects the partial results of the ranks
+    it would have sent to, then sends its own partial result to the rank it would have heard from.
+    """
+    combine = _combiner(op)
+    _root(dst, "reduce")
+    if check:
+        _shapes_everywhere(tensor, "reduce")
+    rank = dist.get_rank()
+    partial = tensor.detach().clone().contiguous()
+    incoming = torch.empty_like(partial)
+    for pairs in reversed(tree_schedule(dist.get_world_size(), dst)):
+        for parent, child in pairs:
+            if rank == child:
+                _send(partial, parent)
+                return None  # this rank's contribution is on its way up the tree
+            if rank == parent:
+                _recv(incoming, child)
+                combine(partial, incoming, out=partial)
+    return partial
+
+
+def gather(tensor: torch.Tensor, dst: int = 0, *, check: bool = True) -> list[torch.Tensor] | None:
+    """``dst`` gets the list of every rank's tensor, in rank order (other ranks get None)."""
+    _root(dst, "gather")
+    if check:
+        _shapes_everywhere(tensor, "gather")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank != dst:
+        _send(tensor.detach().contiguous(), dst)
+        return None
+    received = [torch.empty_like(tensor) for _ in range(n)]
+    received[dst] = tensor.detach().clone()
+    for other in range(n):
+        if other != dst:
+            _recv(received[other], other)
+    return received
+
+
+def scatter(tensor: torch.Tensor, src: int = 0, *, check: bool = True) -> torch.Tensor:
+    """Rank r gets piece r (``tensor_split`` along dim 0) of ``src``'s tensor.
+
+    Every rank passes a tensor of the full shape (only ``src``'s values are read), so that each
+    knows the size of its piece even when the rows do not divide by the number of ranks.
+    """
+    _root(src, "scatter")
+    _need_dims(tensor, "scatter")
+    if check:
+        _shapes_everywhere(tensor, "scatter")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    pieces = tensor.detach().contiguous().tensor_split(n, dim=0)
+    if rank == src:
+        for other in range(n):
+            if other != src:
+                _send(pieces[other], other)
+        return pieces[src].clone()
+    mine = torch.empty_like(pieces[rank])
+    _recv(mine, src)
+    return mine
+
+
+# -- checks that fail on every rank at once ----------------------------------------------------------
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_MAX_DIMS = 16
+
+
+def _shapes_everywhere(tensor: torch.Tensor, what: str, dim0_may_differ: bool = False) -> list[torch.Size]:
+    """Every rank's shape (in rank order), after checking that the ranks agree.
+
+    Each rank encodes ``[ndim, dtype, *shape, -1 padding]`` in a small int64 tensor and the ring
+    all-gathers them; every rank then sees the same table and raises the same error.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if not dist.is_initialized():
+        raise RuntimeError(f"{what}: torch.distributed is not initialised (run it through llmedu.dist.launch)")
+    n, width = dist.get_world_size(), 2 + _MAX_DIMS
+    table = torch.full((n, width), -1, dtype=torch.int64, device=tensor.device)
+    mine = table[dist.get_rank()]
+    mine[0] = tensor.dim() if tensor.dim() <= _MAX_DIMS else -2
+    mine[1] = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
+    mine[2 : 2 + min(tensor.dim(), _MAX_DIMS)] = torch.tensor(tensor.shape[:_MAX_DIMS], dtype=torch.int64)
+    _ring_all_gather(list(table), count=False)
+    rows = table.tolist()
+    if any(r[0] == -2 for r in rows):
+        raise ValueError(f"{what}: tensors of more than {_MAX_DIMS} dimensions are not supported")
+    shapes = [torch.Size(r[2 : 2 + r[0]]) for r in rows]
+    described = ", ".join(f"rank {i} has {tuple(s)} {_dtype_name(r[1])}" for i, (s, r) in enumerate(zip(shapes, rows)))
+    key = [(r[0], r[1], tuple(s[1:]) if dim0_may_differ else tuple(s)) for r, s in zip(rows, shapes)]
+    if len(set(key)) > 1:
+        rule = "the same dtype and shape except along dim 0" if dim0_may_differ else "the same shape and dtype"
+        raise ValueError(f"{what}: every rank must pass {rule}, but {described}")
+    return shapes
+
+
+def _dtype_name(code: int) -> str:
+    return str(_DTYPES[code]).replace("torch.", "") if code < len(_DTYPES) else "another dtype"
+
+
+def _combiner(op: str) -> Callable:
+    if op not in _COMBINE:
+        raise ValueError(f"op must be one of {sorted(_COMBINE)}, got {op!r}")
+    return _COMBINE[op]
+
+
+def _root(root: int, what: str) -> None:
+    n = dist.get_world_size()
+    if not isinstance(root, int) or not 0 <= root < n:
+        raise ValueError(f"{what}: the root rank must be in 0..{n - 1}, got {root!r}")
+
+
+def _need_dims(tensor: torch.Tensor, what: str) -> None:
+    if tensor.dim() == 0:
+        raise ValueError(f"{what}: needs a tensor with at least one dimension to split along dim 0")

@@ -1,0 +1,238 @@
+"""Data parallelism two ways: a naive parameter server, and DDP from scratch.
+
+Each rank holds a full copy of the model and trains on its own slice of the batch. With the
+loss a mean over the batch, the full-batch gradient is the mean of the ranks' gradients, so
+averaging gradients makes N ranks take exactly the step one process would take on all the data.
+
+``NaiveDataParallel`` does it the obvious way: after backward, every gradient is *gathered* on
+rank 0, rank 0 averages them and steps the only optimizer, and the new parameters are
+*broadcast* back. Rank 0 receives N copies of the gradients and does all the updating while the
+others wait, and nothing moves before the whole backward is over.
+
+``DDP`` is the design of PyTorch's DistributedDataParallel (Li et al., "PyTorch Distributed",
+VLDB 2020): parameters are broadcast once at the start; from then on every rank steps its own
+optimizer on the same averaged gradients, so they stay equal without ever being sent again.
+Gradients are grouped into buckets of about ``bucket_mb`` megabytes, in the reverse order of
+the parameters (roughly the order backward produces them). A hook on each parameter notes when
+its gradient is ready; when a bucket is full its all-reduce starts asynchronously, while
+backward goes on computing the gradients of earlier layers. ``finish_gradient_sync()`` waits
+for the last all-reduces before ``optimizer.step()``; ``no_sync()`` skips communication for
+gradient accumulation.
+
+Both wrappers log compute and communication spans (seconds since the log was started) for the
+per-rank timeline in ``llmedu.viz.timeline``.
+
+Left out: views of the gradients into the buckets (we copy in and out), unused-parameter
+detection (we raise instead), rebuilding the buckets in the observed order after the first
+step, gradient compression hooks, mixed-precision all-reduce.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["EventLog", "NaiveDataParallel", "DDP", "assign_buckets", "hidden_communication"]
+
+
+class EventLog:
+    """Spans of work on this rank: dicts with rank, lane ("compute"/"comm"), label, start, end."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+        self.rank = dist.get_rank()
+        self.t0 = time.perf_counter()
+
+    def restart(self) -> None:
+        """Forget the events; time 0 is now, taken just after a barrier so that ranks line up."""
+        dist.barrier()
+        self.events.clear()
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def add(self, lane: str, label: str, start: float, end: float) -> None:
+        self.events.append(dict(rank=self.rank, lane=lane, label=label, start=start, end=end))
+
+    @contextmanager
+    def span(self, lane: str, label: str) -> Iterator[None]:
+        start = self.now()
+        yield
+        self.add(lane, label, start, self.now())
+
+
+class _DataParallel(nn.Module):
+    """What both wrappers share: equal parameters at the start, a logged forward."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("data parallelism needs torch.distributed initialised (use llmedu.dist.launch)")
+        self.module = module
+        self.log = EventLog()
+        self.world_size = dist.get_world_size()
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=0)  # rank 0's initialisation wins everywhere
+        self._backward_start = 0.0
+
+    def forward(self, *args, **kwargs):
+        with self.log.span("compute", "forward"):
+            out = self.module(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(self._mark_backward_start)  # runs when backward reaches the output
+        return out
+
+    def _mark_backward_start(self, grad: torch.Tensor) -> None:
+        self._backward_start = self.log.now()
+
+
+class NaiveDataParallel(_DataParallel):
+    """Gradients gathered on rank 0, the step taken there, the new parameters broadcast."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self._last_grad = 0.0
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        self._last_grad = self.log.now()
+
+    @torch.no_grad()
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Call after ``loss.backward()`` instead of ``optimizer.step()`` (only rank 0's steps)."""
+        log, rank, n = self.log, dist.get_rank(), self.world_size
+        log.add("compute", "backward", self._backward_start, self._last_grad)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        with log.span("comm", "gather gradients"):
+            for p in params:
+                if p.grad is None:
+                    raise RuntimeError(f"a parameter of shape {tuple(p.shape)} got no gradient in backward")
+                pieces = [torch.empty_like(p.grad) for _ in range(n)] if rank == 0 else None
+                dist.gather(p.grad, pieces, dst=0)  # rank 0 holds N copies of every gradient
+                if rank == 0:
+                    p.grad.copy_(torch.stack(pieces).mean(dim=0))
+        if rank == 0:
+            with log.span("compute", "optimizer step"):
+                optimizer.step()
+        with log.span("comm", "broadcast parameters"):
+            for p in params:
+                dist.broadcast(p, src=0)
+
+
+def assign_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Group parameter indices into buckets, last parameter first, each at most ``bucket_bytes``.
+
+    A parameter larger than a bucket gets a bucket of its own.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
+    buckets: list[list[int]] = []
+    filled = bucket_bytes  # forces a new bucket for the first parameter
+    for index in reversed(range(len(sizes))):
+        if filled + sizes[index] > bucket_bytes and (not buckets or buckets[-1]):
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(index)
+        filled += sizes[index]
+    return buckets
+
+
+class DDP(_DataParallel):
+    """DistributedDataParallel from scratch: bucketed all-reduce, overlapped with backward."""
+
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
+        super().__init__(module)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._names = {id(p): name for name, p in module.named_parameters()}
+        sizes = [p.numel() * p.element_size() for p in self.params]
+        self.buckets = [[self.params[i] for i in b] for b in assign_buckets(sizes, int(bucket_mb * 2**20))]
+        self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self._sync = True
+        self._reset()
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _reset(self) -> None:
+        self._ready = [0] * len(self.buckets)  # gradients ready per bucket
+        self._pending: list[tuple[torch.futures.Future, torch.Tensor]] = []  # launched, in order
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward inside this block only accumulates local gradients (no communication)."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def forward(self, *args, **kwargs):
+        if self._pending:
+            raise RuntimeError("call finish_gradient_sync() after backward and before the next forward")
+        return super().forward(*args, **kwargs)
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        if not self._sync:
+            return
+        self._ready[self._bucket_of[id(param)]] += 1
+        # launch full buckets strictly in order: every rank must issue the same all-reduces in
+        # the same sequence, or they would pair up the wrong buffers
+        while len(self._pending) < len(self.buckets):
+            b = len(self._pending)
+            if self._ready[b] < len(self.buckets[b]):
+                break
+            self._launch(b)
+
+    @torch.no_grad()
+    def _launch(self, b: int) -> None:
+        log = self.log
+        start = log.now()
+        log.add("compute", f"backward: bucket {b}", self._backward_start, start)
+        self._backward_start = start  # the next bucket's gradients are computed from here on
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / self.world_size  # (bucket numel,)
+        work = dist.all_reduce(flat, async_op=True)
+        # the callback runs on the communication thread when the all-reduce completes; waiting for
+        # the future it returns (in finish_gradient_sync) also waits for the event to be logged
+        done = work.get_future().then(lambda _: log.add("comm", f"all-reduce: bucket {b}", start, log.now()))
+        self._pending.append((done, flat))
+
+    @torch.no_grad()
+    def finish_gradient_sync(self) -> None:
+        """Wait for every bucket's all-reduce and put the averaged gradients back in ``.grad``."""
+        if not self._sync:
+            return
+        if len(self._pending) < len(self.buckets):
+            missing = [self._names[id(p)] for p in self.params if p.grad is None]
+            self._reset()
+            raise RuntimeError(
+                f"not every gradient arrived (no gradient for {', '.join(missing) or 'no parameter'}; "
+                "was backward called?): every trainable parameter must be used in the forward"
+            )
+        for (done, flat), bucket in zip(self._pending, self.buckets):
+            done.wait()
+            for p, averaged in zip(bucket, flat.split([p.numel() for p in bucket])):
+                p.grad.copy_(averaged.view_as(p))
+        self._reset()
+
+
+def hidden_communication(events: list[dict]) -> float:
+    """The fraction of communication time during which the same rank was also computing.
+
+    0 means every all-reduce waited for backward to finish; 1 means all of it was hidden.
+    """
+    hidden = total = 0.0
+    for c in (e for e in events if e["lane"] == "comm"):
+        total += c["end"] - c["start"]
+        for w in (e for e in events if e["lane"] == "compute" and e["rank"] == c["rank"]):
+            hidden += max(0.0, min(c["end"], w["end"]) - max(c["start"], w["start"]))
+    if total == 0:
+        raise ValueError("no communication events to measure")
+    return hidden / total

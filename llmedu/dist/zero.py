@@ -1,0 +1,346 @@
+"""ZeRO stages 1, 2 and 3 from scratch (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+Toward Training Trillion Parameter Models", §5).
+
+Data parallelism keeps a full copy of the model states on every one of N ranks: Ψ parameters,
+Ψ gradients and the optimizer state, (2 + 2 + K)Ψ bytes in mixed precision. ZeRO keeps each
+rank's *shard*, 1/N of every flat buffer, and removes the redundancy one kind of state at a time:
+
+    stage 1  optimizer state sharded: each rank updates its shard, then all-gathers parameters
+             per-rank bytes 4Ψ + KΨ/N               (§5.2, P_os)
+    stage 2  + gradients reduce-scattered during backward: each rank keeps only its shard
+             per-rank bytes 2Ψ + (2 + K)Ψ/N         (P_os+g)
+    stage 3  + parameters sharded: a unit's full parameters are all-gathered just before its
+             forward and again before its backward, and freed right after
+             per-rank bytes (2 + 2 + K)Ψ/N          (P_os+g+p)
+
+How the code is laid out. The model is cut into *units* (the modules you name, say each
+transformer block, plus the root for the parameters left over). The parameters of a unit are
+flattened into one buffer, padded with zeros to a multiple of N, so that any sizes work; rank r
+owns elements [r·S, (r+1)·S) of it, S = padded size / N. Each unit's shard is an fp32
+``nn.Parameter``: the *master* weights, what the inner optimizer (AdamW, say) steps. The module
+itself no longer has parameters: before each forward, a hook hands each of its submodules plain
+tensor views of the unit's full flat buffer, which is
+
+    stages 1, 2   a persistent buffer in the compute dtype, refreshed by an all-gather after each step
+    stage 3       all-gathered from the shards by ``_ShardedUnit`` and dropped after the forward;
+                  autograd's saved tensors that point into it are replaced by a marker, and
+                  regathered when backward asks for them (with ``prefetch``, one unit ahead)
+
+and gradients go, for stages 2 and 3, through ``_ShardedUnit``'s backward, which reduce-scatters
+the unit's gradient straight into the shard's ``.grad``: the full gradient of a unit lives only
+for the moment of that collective. Stage 1 keeps the full gradient and reduce-scatters it at step.
+
+Mixed precision (``compute_dtype=torch.bfloat16``): fp32 master shards, bf16 parameters and
+gradients in forward and backward; gradients are reduced in fp32. Gradient accumulation: call
+backward several times, then ``step()``. Clipping: the global norm is the square root of the sum,
+over ranks, of each shard's squared norm.
+
+Left out: overlapping the reduce-scatter with backward compute in buckets (DeepSpeed's IPG
+buckets; we reduce one unit at a time, synchronously), per-parameter-group hyperparameters
+(one group of shards), tied weights shared between units, offloading parameters or to NVMe
+(``host=`` moves the optimizer to the CPU: ``offload.py``), sharded checkpoints. The production
+peers are ``torch.distributed.optim.ZeroRedundancyOptimizer`` (stage 1) and FSDP2's ``fully_shard``
+(stage 3); the tests compare with both.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["ZeRO", "ELEMENTWISE_OPTIMIZERS"]
+
+# An optimizer can be sharded by elements only if each element's update reads nothing but that
+# element's parameter, gradient and state. These do; LBFGS (a line search over the whole vector),
+# Adafactor-like factored moments or Shampoo do not.
+ELEMENTWISE_OPTIMIZERS = (
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
+    torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam,
+)
+
+
+class _Unit:
+    """One flat buffer: the parameters of one module, padded to N·S, and this rank's shard."""
+
+    def __init__(self, module: nn.Module, entries, stage, compute_dtype, rank, world, group, device):
+        self.module, self.entries, self.stage = module, entries, stage  # entries: (owner, name, shape)
+        self.device = device  # where compute and collectives happen (the shard may live on the host)
+        self.dtype, self.rank, self.world, self.group = compute_dtype, rank, world, group
+        self.sizes = [math.prod(shape) for _, _, shape in entries]
+        self.numel = sum(self.sizes)
+        self.shard_size = -(-self.numel // world)  # S = ceil(Ψ_unit / N)
+        self.padding = self.shard_size * world - self.numel
+        self.gathered: torch.Tensor | None = None  # stage 3: the full flat buffer while it is needed
+        self.pending = None  # stage 3: (work, buffer) of an all-gather started ahead of time
+
+    def own(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a (N·S,) buffer."""
+        return flat[self.rank * self.shard_size:(self.rank + 1) * self.shard_size]
+
+    # -- stage 3: the full parameters exist only while they are used ---------------------------
+    def start_gather(self) -> None:
+        if self.gathered is None and self.pending is None:
+            flat = torch.empty(self.world * self.shard_size, dtype=self.dtype, device=self.device)
+            work = dist.all_gather_single(flat, self.shard.detach().to(self.dtype), group=self.group, async_op=True)
+            self.pending = (work, flat)
+
+    def full(self) -> torch.Tensor:
+        """(N·S,) full parameters in the compute dtype, gathered once and kept until released."""
+        if self.gathered is None:
+            self.start_gather()
+            work, self.gathered = self.pending
+            work.wait()
+            self.pending = None
+        return self.gathered
+
+    def release(self) -> None:
+        if self.pending is not None:  # a prefetch nobody used: finish it before dropping it
+            self.pending[0].wait()
+            self.pending = None
+        self.gathered = None
+
+    def reduce_scatter(self, grad_flat: torch.Tensor) -> torch.Tensor:
+        """(N·S,) gradient of this rank's micro-batch -> (S,) fp32 average over ranks of its shard.
+
+        The result goes where the shard lives: to the host when the optimizer is offloaded.
+        """
+        shard = torch.empty(self.shard_size, dtype=torch.float32, device=grad_flat.device)
+        dist.reduce_scatter_single(shard, grad_flat.float().contiguous(), group=self.group)
+        return shard.div_(self.world).to(self.shard.device)
+
+
+class _ShardedUnit(torch.autograd.Function):
+    """Forward: the unit's full flat parameters. Backward: reduce-scatter their gradient to the shard."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, unit: _Unit) -> torch.Tensor:
+        ctx.unit = unit
+        if unit.stage == 3:
+            return unit.full()  # (N·S,) all-gathered from every rank's shard
+        return unit.flat.view_as(unit.flat)  # stage 2: the persistent full copy
+
+    @staticmethod
+    def backward(ctx, grad_flat: torch.Tensor):  # (N·S,) this rank's gradient of the full buffer
+        unit = ctx.unit
+        unit.release()  # every user of the unit's parameters has run its backward
+        return unit.reduce_scatter(grad_flat), None  # autograd adds it to shard.grad (accumulation)
+
+
+class ZeRO(nn.Module):
+    """Wrap ``module`` for ZeRO ``stage`` 1, 2 or 3; own its parameters and its optimizer.
+
+    ``optimizer_class(**optimizer_kwargs)`` is built over this rank's fp32 shards; it must be
+    element-wise (``ELEMENTWISE_OPTIMIZERS``). ``units`` are the submodules whose parameters are
+    gathered and reduced together (default: every child of every ``nn.ModuleList``, i.e. the
+    layers); the root takes the rest. Use it like a model plus an optimizer::
+
+        zero = ZeRO(model, stage=2, lr=1e-3)
+        for micro in batches: zero(micro).loss.div(len(batches)).backward()
+        zero.step(); zero.zero_grad()
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        stage: int,
+        optimizer_class: type = torch.optim.AdamW,
+        *,
+        units: list[nn.Module] | None = None,
+        compute_dtype: torch.dtype = torch.float32,
+        max_grad_norm: float | None = None,
+        prefetch: bool = False,
+        group: dist.ProcessGroup | None = None,
+        host: torch.device | str | None = None,
+        **optimizer_kwargs,
+    ):
+        super().__init__()
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain DDP)")
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS)):
+            raise TypeError(
+                f"cannot shard {getattr(optimizer_class, '__name__', optimizer_class)!r}: ZeRO splits every tensor "
+                "across ranks, so each element's update must depend on that element alone; pass an optimizer class "
+                f"among {[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}"
+            )
+        if not dist.is_initialized():
+            raise RuntimeError("ZeRO needs torch.distributed initialised (run it under llmedu.dist.launch or torchrun)")
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm!r}")
+        self.module, self.stage, self.max_grad_norm, self.prefetch = module, stage, max_grad_norm, prefetch
+        self.group, self.dtype = group, compute_dtype
+        if host is not None and stage != 2:
+            raise ValueError(f"the optimizer can be offloaded with stage 2 only (ZeRO-Offload), got stage {stage}")
+        self.host = None if host is None else torch.device(host)  # master shards + optimizer live here
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        self._taken: set[int] = set()
+        if units is None:
+            units = [c for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
+        self.units = [self._make_unit(m, rank, world) for m in [*units, module]]  # the root last
+        self.units = [u for u in self.units if u.numel > 0]
+        if not self.units:
+            raise ValueError("the module has no parameters that require gradients")
+        self.shards = nn.ParameterList(u.shard for u in self.units)  # (S,) fp32 master weights of this rank
+        if stage < 3:
+            self.fulls = nn.ParameterList(u.flat for u in self.units)  # (N·S,) full copies, compute dtype
+        self.optimizer = optimizer_class(list(self.shards), **optimizer_kwargs)
+        self._hooks = []
+        for unit in self.units:
+            self._hooks.append(unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u)))
+            if stage == 3:
+                self._hooks.append(unit.module.register_forward_hook(lambda m, a, o, u=unit: self._after_forward(u)))
+        self._record_versions()
+
+    def _make_unit(self, module: nn.Module, rank: int, world: int) -> _Unit:
+        """Take the parameters of ``module`` (not yet taken) out of it into one flat buffer."""
+        entries, tensors = [], []
+        for owner in module.modules():  # (parameters taken by an earlier unit are gone from the modules)
+            for name, p in list(owner._parameters.items()):
+                if p is None:
+                    continue
+                if not p.requires_grad:
+                    raise ValueError(f"frozen parameter {name!r} in {type(owner).__name__}: ZeRO shards trainable ones")
+                if id(p) in self._taken:
+                    raise ValueError(f"parameter {name!r} is shared (tied weights): not supported by this ZeRO")
+                self._taken.add(id(p))
+                entries.append((owner, name, p.shape))
+                tensors.append(p)
+                del owner._parameters[name]  # the wrapper owns it now; the hook sets a view before forward
+                setattr(owner, name, None)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        unit = _Unit(module, entries, self.stage, self.dtype, rank, world, self.group, device)
+        pad = torch.zeros(unit.padding, device=device)
+        flat32 = torch.cat([t.detach().reshape(-1).float() for t in tensors] + [pad])  # (N·S,)
+        if self.stage < 3:  # a persistent full copy in the compute dtype
+            unit.flat = nn.Parameter(flat32.to(self.dtype), requires_grad=self.stage == 1)
+        if self.host is not None:  # ZeRO-Offload: the fp32 master shard in (pinned) host memory
+            shard = unit.own(flat32).to(self.host)
+            unit.shard = nn.Parameter(shard.pin_memory() if device.type == "cuda" else shard.clone())
+        elif self.stage < 3 and self.dtype == torch.float32:
+            unit.shard = nn.Parameter(unit.own(unit.flat.data))  # fp32: the master shard *is* a slice of it
+        else:
+            unit.shard = nn.Parameter(unit.own(flat32).clone())
+        unit.shard.grad = torch.zeros_like(unit.shard) if self.stage >= 2 else None
+        return unit
+
+    # -- forward: hand each submodule views of its unit's full buffer ---------------------------
+    def _before_forward(self, unit: _Unit) -> None:
+        for owner, name, _ in unit.entries:
+            if name in owner._parameters:
+                raise RuntimeError(
+                    f"{type(owner).__name__}.{name} was replaced by a new parameter outside ZeRO: the wrapper owns "
+                    "the parameters; change them through it (or wrap the model again)"
+                )
+        if self._versions_now(unit) != unit.version:
+            raise RuntimeError(
+                "parameters were changed in place outside ZeRO (not by its step()): every rank's shard would "
+                "disagree with the full copy; change them before wrapping, or through zero.shards"
+            )
+        if self.stage == 1:
+            flat = unit.flat  # (N·S,) a leaf: its .grad is the full gradient
+        elif torch.is_grad_enabled():
+            flat = _ShardedUnit.apply(unit.shard, unit)
+        else:
+            flat = unit.full() if self.stage == 3 else unit.flat.detach()
+        if self.stage == 3 and self.prefetch:
+            nxt = self.units.index(unit) + 1
+            if nxt < len(self.units) - 1:  # (the root, last, is gathered first anyway)
+                self.units[nxt].start_gather()
+        for (owner, name, shape), view in zip(unit.entries, flat.split(unit.sizes + [unit.padding])):
+            setattr(owner, name, view.view(shape))
+        if self.stage == 3 and torch.is_grad_enabled():
+            unit.saved_hooks = torch.autograd.graph.saved_tensors_hooks(*self._pack_unpack(unit))
+            unit.saved_hooks.__enter__()
+
+    def _after_forward(self, unit: _Unit) -> None:
+        """Stage 3: drop the full parameters; backward regathers what autograd saved of them."""
+        if getattr(unit, "saved_hooks", None) is not None:
+            unit.saved_hooks.__exit__(None, None, None)
+            unit.saved_hooks = None
+        for owner, name, _ in unit.entries:
+            setattr(owner, name, None)
+        unit.release()
+
+    def _pack_unpack(self, unit: _Unit):
+        ptr = unit.gathered.untyped_storage().data_ptr()
+        index = self.units.index(unit)
+
+        def pack(t: torch.Tensor):
+            if t.untyped_storage().data_ptr() == ptr and t.dtype == self.dtype:
+                return ("zero-param", t.shape, t.stride(), t.storage_offset())  # a marker, not the bytes
+            return t
+
+        def unpack(saved):
+            if not (isinstance(saved, tuple) and saved and saved[0] == "zero-param"):
+                return saved
+            if self.prefetch and index > 0 and unit is not self.units[-1]:
+                self.units[index - 1].start_gather()  # backward runs the units in reverse
+            return unit.full().as_strided(saved[1], saved[2], saved[3])
+
+        return pack, unpack
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # -- the step ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> float:
+        """Average gradients, clip by the global norm, step the shards, refresh the full copies.
+
+        Returns the global gradient norm (before clipping).
+        """
+        for unit in self.units:
+            if self._versions_now(unit) != unit.version:
+                raise RuntimeError("parameters were changed in place outside ZeRO since its last step")
+            if self.stage == 1:
+                if unit.flat.grad is None:
+                    raise RuntimeError("step() before any backward(): there is no gradient to apply")
+                own = unit.reduce_scatter(unit.flat.grad)  # (S,) fp32: a rank needs only its shard
+                if self.dtype == torch.float32:  # ... and may keep it in the full buffer's slice
+                    own = unit.own(unit.flat.grad).copy_(own)
+                unit.shard.grad = own
+        squares = torch.stack([u.shard.grad.float().pow(2).sum() for u in self.units]).sum()
+        squares = squares.to(self.units[0].device)  # (collectives run on the compute device)
+        dist.all_reduce(squares, group=self.group)  # the sum over every shard of every rank
+        norm = squares.sqrt().to(self.units[0].shard.device)
+        if self.max_grad_norm is not None:  # as torch.nn.utils.clip_grad_norm_
+            coef = (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+            for unit in self.units:
+                unit.shard.grad.mul_(coef)
+        self.optimizer.step()
+        if self.stage < 3:
+            for unit in self.units:  # everyone sends its updated shard and receives the others
+                shard = unit.shard.detach().to(unit.device, self.dtype)  # (from the host, if offloaded)
+                dist.all_gather_single(unit.flat.data, shard, group=self.group)
+        self._record_versions()
+        return norm.item()
+
+    def zero_grad(self) -> None:
+        for unit in self.units:
+            if self.stage == 1:
+                unit.flat.grad, unit.shard.grad = None, None
+            else:
+                unit.shard.grad.zero_()  # a persistent (S,) buffer: accumulation adds into it
+
+    def _versions_now(self, unit: _Unit) -> tuple[int, ...]:
+        return (unit.shard._version,) + ((unit.flat._version,) if self.stage < 3 else ())
+
+    def _record_versions(self) -> None:
+        for unit in self.units:
+            unit.version = self._versions_now(unit)
+
+    # -- for checks and checkpoints ---------------------------------------------------------------
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter, full and fp32, by its name in the wrapped module (a collective: all ranks call it)."""
+        names = {id(m): n for n, m in self.module.named_modules()}
+        out = {}
+        for unit in self.units:
+            flat = torch.empty(unit.world * unit.shard_size, dtype=torch.float32, device=unit.device)
+            dist.all_gather_single(flat, unit.shard.detach().to(unit.device, torch.float32), group=self.group)
+            for (owner, name, shape), piece in zip(unit.entries, flat.split(unit.sizes + [unit.padding])):
+                prefix = names[id(owner)]
+                out[f"{prefix}.{name}" if prefix else name] = piece.view(shape).clone()
+        return out
