@@ -4,6 +4,9 @@
     collectives     broadcast, reduce, gather, scatter, all-gather, reduce-scatter, ring all-reduce,
                     built from nothing but send and recv, with the bytes each rank sends counted
     data_parallel   naive data parallelism and DDP from scratch (buckets, overlap, no_sync)
+    tensor_parallel Megatron-LM's column/row split: MLP, attention, vocab-parallel embedding and loss
+    pipeline_parallel  stages, micro-batches, and the naive, GPipe and 1F1B schedules
+    mesh            DP x TP x PP process groups from one world, and training with any layout
 """
 
 from .collectives import (
@@ -17,6 +20,18 @@ from .collectives import (
     traffic,
 )
 from .launch import WorkerError, launch
+from .mesh import make_mesh, train_3d
+from .pipeline_parallel import Pipeline, PipelineStage, bubble_fraction, partition, schedule, theoretical_bubble
+from .tensor_parallel import (
+    ColumnParallelLinear,
+    ParallelAttention,
+    ParallelMLP,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    tensor_parallel,
+    vocab_parallel_cross_entropy,
+    vocab_parallel_lm_loss,
+)
 
 __all__ = [
     "launch",
@@ -29,4 +44,20 @@ __all__ = [
     "reduce_scatter",
     "ring_all_reduce",
     "traffic",
+    "tensor_parallel",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "ParallelMLP",
+    "ParallelAttention",
+    "VocabParallelEmbedding",
+    "vocab_parallel_cross_entropy",
+    "vocab_parallel_lm_loss",
+    "Pipeline",
+    "PipelineStage",
+    "schedule",
+    "partition",
+    "bubble_fraction",
+    "theoretical_bubble",
+    "make_mesh",
+    "train_3d",
 ]

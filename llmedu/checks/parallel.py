@@ -1,0 +1,108 @@
+"""Graders for lessons 11 (tensor parallel), 12 (pipeline parallel) and 13 (3D parallelism).
+
+All run in this process, in a fraction of a second: the "ranks" of the tensor-parallel exercises are
+the pieces of a split matrix, multiplied one after the other.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..dist.mesh import rank_of
+from ..dist.pipeline_parallel import partition, schedule, theoretical_bubble
+from .core import CheckResult, Grader
+
+__all__ = [
+    "check_row_parallel_matmul",
+    "check_tp_all_reduce_bytes",
+    "check_one_f_one_b",
+    "check_bubble",
+    "check_partition",
+    "check_rank_of",
+]
+
+
+def check_row_parallel_matmul(fn: Callable[[torch.Tensor, torch.Tensor, int], list]) -> CheckResult:
+    """``fn(x, w, n)`` -> the n partial products of X W with X split by columns and W by rows.
+
+    Their sum must equal ``x @ w``, and each one must use only its own slices (rank i's piece is
+    ``x_i @ w_i``, with the slices of ``torch.chunk``).
+    """
+    g = Grader("check_row_parallel_matmul")
+    gen = torch.Generator().manual_seed(0)
+    for shape_x, cols, n in [((4, 8), 6, 2), ((2, 3, 12), 5, 4), ((1, 16), 16, 8), ((5, 6), 3, 1)]:
+        x, w = torch.randn(shape_x, generator=gen), torch.randn(shape_x[-1], cols, generator=gen)
+        pieces = g.call(fn, x, w, n)
+        case = f"x {tuple(x.shape)}, w {tuple(w.shape)}, n={n}"
+        if not g.expect(f"{case}: a list of {n} pieces", isinstance(pieces, (list, tuple)) and len(pieces) == n,
+                        f"got {type(pieces).__name__} of length {len(pieces) if hasattr(pieces, '__len__') else '?'}"):
+            continue
+        for i, (xi, wi) in enumerate(zip(x.chunk(n, -1), w.chunk(n, 0))):
+            g.compare(f"{case}: rank {i}'s partial product", pieces[i], xi @ wi, atol=1e-5)
+        g.compare(f"{case}: the all-reduce (sum) of the pieces", sum(pieces), x @ w, atol=1e-4)
+    return g.result()
+
+
+def check_tp_all_reduce_bytes(fn: Callable[[int, int, int, int, int], int]) -> CheckResult:
+    """``fn(batch, seq, d_model, n_layers, bytes_per_value)``: bytes all-reduced per training step by
+    the tensor-parallel transformer blocks (attention and MLP), forward and backward together.
+
+    Each block all-reduces its (batch, seq, d_model) output twice in forward (g after attention and
+    after the MLP) and its input gradient twice in backward (f before each): 4 per block.
+    """
+    g = Grader("check_tp_all_reduce_bytes")
+    for args in [(1, 1, 1, 1, 4), (8, 128, 768, 12, 2), (4, 1024, 4096, 32, 2), (2, 16, 64, 3, 4)]:
+        b, t, d, n_layers, size = args
+        g.compare(f"batch={b}, seq={t}, d_model={d}, n_layers={n_layers}, bytes={size}", g.call(fn, *args),
+                  4 * n_layers * b * t * d * size)
+    return g.result()
+
+
+def check_one_f_one_b(fn: Callable[[int, int, int], list]) -> CheckResult:
+    """``fn(n_micro, n_stages, stage)`` -> the 1F1B actions of that stage: [("F", 0), ..., ("B", 0), ...]."""
+    g = Grader("check_one_f_one_b")
+    for p in (1, 2, 4):
+        for m in (1, 3, 4, 8):
+            for s in range(p):
+                got = g.call(fn, m, p, s)
+                got = [tuple(a) for a in got] if isinstance(got, (list, tuple)) else got
+                g.compare(f"m={m}, p={p}, stage {s}", got, schedule("1f1b", m, p, s))
+    return g.result()
+
+
+def check_bubble(fn: Callable[[int, int], float]) -> CheckResult:
+    """``fn(n_stages, n_micro)`` -> the idle fraction of a GPipe / 1F1B step with equal stages."""
+    g = Grader("check_bubble")
+    for p, m in [(1, 1), (2, 1), (4, 4), (4, 8), (8, 32), (16, 3)]:
+        g.compare(f"p={p}, m={m}", g.call(fn, p, m), theoretical_bubble(p, m), atol=1e-9)
+    return g.result()
+
+
+def check_partition(fn: Callable[[list, int], list]) -> CheckResult:
+    """``fn(costs, n_stages)`` -> contiguous ranges of layer indices whose largest total cost is minimal."""
+    g = Grader("check_partition")
+    for costs, n in [([1, 1, 1, 1], 2), ([5, 1, 1, 1, 1, 1], 2), ([3, 1, 4, 1, 5, 9, 2, 6], 3), ([2, 2, 2], 3),
+                     ([1, 7, 1, 1, 1, 1, 7, 1], 4)]:
+        got = g.call(fn, costs, n)
+        case = f"costs={costs}, n_stages={n}"
+        flat = [i for r in got for i in r] if isinstance(got, (list, tuple)) else None
+        if not g.expect(f"{case}: {n} contiguous stages covering every layer once",
+                        flat == list(range(len(costs))) and len(got) == n and all(len(r) for r in got), f"got {got}"):
+            continue
+        best = max(sum(costs[i] for i in r) for r in partition(costs, n))
+        g.compare(f"{case}: the most expensive stage", max(sum(costs[i] for i in r) for r in got), best)
+    return g.result()
+
+
+def check_rank_of(fn: Callable[[int, int, int, tuple], int]) -> CheckResult:
+    """``fn(dp, tp, pp, (DP, TP, PP))`` -> the global rank, tensor parallel fastest, pipeline slowest."""
+    g = Grader("check_rank_of")
+    for sizes in [(1, 1, 1), (2, 2, 2), (4, 2, 1), (2, 8, 4), (3, 1, 2)]:
+        for d in range(sizes[0]):
+            for t in range(sizes[1]):
+                for p in range(sizes[2]):
+                    g.compare(f"(dp, tp, pp)=({d}, {t}, {p}) of sizes {sizes}", g.call(fn, d, t, p, sizes),
+                              rank_of(d, t, p, sizes))
+    return g.result()
