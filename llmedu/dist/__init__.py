@@ -7,6 +7,8 @@
     tensor_parallel Megatron-LM's column/row split: MLP, attention, vocab-parallel embedding and loss
     pipeline_parallel  stages, micro-batches, and the naive, GPipe and 1F1B schedules
     mesh            DP x TP x PP process groups from one world, and training with any layout
+    zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
+    offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
 """
 
 from .collectives import (
@@ -21,6 +23,7 @@ from .collectives import (
 )
 from .launch import WorkerError, launch
 from .mesh import make_mesh, train_3d
+from .offload import ZeROOffload
 from .pipeline_parallel import Pipeline, PipelineStage, bubble_fraction, partition, schedule, theoretical_bubble
 from .tensor_parallel import (
     ColumnParallelLinear,
@@ -32,6 +35,7 @@ from .tensor_parallel import (
     vocab_parallel_cross_entropy,
     vocab_parallel_lm_loss,
 )
+from .zero import ZeRO
 
 __all__ = [
     "launch",
@@ -60,4 +64,6 @@ __all__ = [
     "theoretical_bubble",
     "make_mesh",
     "train_3d",
+    "ZeRO",
+    "ZeROOffload",
 ]
