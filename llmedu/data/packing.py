@@ -108,7 +108,8 @@ def packed_rows(tokenizer: WordPieceTokenizer, corpora: Sequence[str], split: st
 
 
 def mask_tokens(ids: torch.Tensor, rate: float, mask_id: int, vocab_size: int, special_ids: Sequence[int],
-                generator: torch.Generator, mask: float = 0.8, random: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: torch.Generator, mask: float = 0.8,
+                random: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
     """ids (B, T) -> (inputs, labels): BERT's masking; labels are -100 where nothing is predicted."""
     if not 0 < rate < 1:
         raise ValueError(f"the masking rate must be in (0, 1), got {rate}")
@@ -147,8 +148,8 @@ class MLMBatches:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         if len(self.rows) < self.batch_size:
-            raise ValueError(f"the corpus is too small for one batch: {len(self.rows)} rows of "
-                             f"{self.rows.shape[1]} tokens, batch size {self.batch_size}; use more text or a smaller batch")
+            raise ValueError(f"the corpus is too small for one batch: {len(self.rows)} rows of {self.rows.shape[1]} "
+                             f"tokens, batch size {self.batch_size}; use more text or a smaller batch")
         self.per_epoch = len(self.rows) // self.batch_size  # the last incomplete batch of an epoch is dropped
         v = self.tokenizer.vocab
         self.special_ids = [v[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in v]

@@ -1,0 +1,140 @@
+"""Does the crammed recipe buy speed and loss? Our crammed BERT vs transformers' BertForMaskedLM.
+
+    python benchmarks/cramming.py                 # sizes for this machine (tiny with LLMEDU_FAST=1)
+    python -m llmedu.cramming bench --budget 2m   # the same, from the package's command line
+
+1. Throughput: one training step (forward, MLM loss, backward, AdamW) of our crammed MaskedLM
+   (pre-LN, no biases, GEGLU, sparse prediction, no dropout) against ``BertForMaskedLM`` of the same
+   width, depth, heads, vocabulary and sequence length (post-LN, biases, GELU, dropout 0.1, the head
+   over every position: the original recipe), both under bf16 autocast, SDPA attention for both. The
+   repeats alternate between the two models, so that a slow moment of a shared machine hurts both;
+   tokens/s of the median repeat. MFU = FLOPs per token (``llmedu.models.counting``) x tokens/s over
+   this machine's measured bf16 matmul FLOP/s (``llmedu.hardware``).
+2. Loss at a budget: ``pretrain`` with the crammed recipe and with the original one, the same
+   wall-clock budget each, on the same data; the held-out MLM loss at the end.
+
+The paper's claim this checks is in Geiping & Goldstein 2022, sec. 4 (their table 1 and fig. 2):
+the tricks raise tokens/s and lower the loss reached in a fixed time. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Run as a script, this folder is first on sys.path, and its tokenizers.py would shadow the
+# `tokenizers` package that transformers imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from transformers import BertConfig, BertForMaskedLM  # noqa: E402
+
+from llmedu import runtime  # noqa: E402
+from llmedu.cramming.pretrain import mlm_loss_fn, pretrain  # noqa: E402
+from llmedu.cramming.recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget  # noqa: E402
+from llmedu.data.packing import mask_tokens  # noqa: E402
+from llmedu.hardware import measure_matmul_flops  # noqa: E402
+from llmedu.models import MaskedLM  # noqa: E402
+from llmedu.models.counting import flops_per_token, matmul_parameters  # noqa: E402
+
+
+def hf_twin(recipe) -> BertForMaskedLM:
+    """BertForMaskedLM at the recipe's shape, with BERT's own settings (the original recipe)."""
+    config = BertConfig(vocab_size=recipe.vocab_size, hidden_size=recipe.d_model, num_hidden_layers=recipe.n_layers,
+                        num_attention_heads=recipe.n_heads, intermediate_size=4 * recipe.d_model,
+                        max_position_embeddings=recipe.seq_len, type_vocab_size=2, attn_implementation="sdpa")
+    return BertForMaskedLM(config)
+
+
+def throughput(recipe, device, repeats: int) -> dict:
+    runtime.seed_everything(0)
+    ids = torch.randint(5, recipe.vocab_size, (recipe.micro_batch, recipe.seq_len))  # (B, T)
+    inputs, labels = mask_tokens(ids, 0.15, 4, recipe.vocab_size, [0, 1, 2, 3, 4], torch.Generator().manual_seed(0))
+    batch = {"input_ids": inputs.to(device), "labels": labels.to(device)}
+    ours, theirs = MaskedLM(recipe.model_config()).to(device), hf_twin(recipe).to(device)
+    ours_loss = mlm_loss_fn(sparse=True)
+
+    def theirs_loss(model, b):
+        logits = model(input_ids=b["input_ids"]).logits  # (B, T, vocab)
+        return F.cross_entropy(logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=-100)
+
+    steps = {}
+    for name, model, loss_fn in (("crammed (ours)", ours, ours_loss), ("BertForMaskedLM", theirs, theirs_loss)):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        model.train()
+
+        def step(model=model, loss_fn=loss_fn, optimizer=optimizer):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = loss_fn(model, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        steps[name] = step
+        step()  # warm-up: allocations, kernel choice, Adam's state
+    times = {name: [] for name in steps}
+    for _ in range(repeats):  # interleaved
+        for name, step in steps.items():
+            runtime.synchronize(device)
+            start = time.perf_counter()
+            step()
+            runtime.synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    tokens = recipe.micro_batch * recipe.seq_len
+    peak = measure_matmul_flops("bf16", device=device).best
+    rows = {}
+    for name, model in (("crammed (ours)", ours), ("BertForMaskedLM", theirs)):
+        tps = tokens / statistics.median(times[name])
+        fpt = flops_per_token(recipe.model_config(), matmul_parameters(model), recipe.seq_len)
+        rows[name] = {"tokens_per_s": round(tps, 1), "mfu": round(fpt * tps / peak, 4)}
+    rows["speed-up"] = round(rows["crammed (ours)"]["tokens_per_s"] / rows["BertForMaskedLM"]["tokens_per_s"], 3)
+    rows["peak_bf16_flops"] = peak
+    return rows
+
+
+def loss_at_budget(shape: dict, budget: float, device, max_chars: int | None) -> dict:
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for make in (crammed, original_bert):
+            recipe = make(**shape)
+            s = pretrain(f"{tmp}/{recipe.name}", recipe, budget, max_chars=max_chars, device=device,
+                         checkpoint_every=10_000, progress=False)
+            results[recipe.name] = {k: s[k] for k in ("steps", "tokens_per_s", "train_loss", "val_loss")}
+    return results
+
+
+def run(budget: float | None = None, device=None, repeats: int | None = None) -> dict:
+    device = runtime.device(device) if not isinstance(device, torch.device) else device
+    small = runtime.FAST
+    shape = TINY_SHAPE if small else CUDA_SHAPE if device.type == "cuda" else {}
+    recipe = crammed(**shape)
+    budget = budget or parse_budget("20s" if small else "2m")
+    speed = throughput(recipe, device, repeats or (5 if small else 20))
+    losses = loss_at_budget(shape, budget, device, max_chars=100_000 if small else None)
+    print(f"{'model':<18}{'tokens/s':>12}{'MFU':>9}   (bf16 autocast, {device}, d={recipe.d_model}, "
+          f"{recipe.n_layers} layers, batch {recipe.micro_batch}x{recipe.seq_len})")
+    for name in ("crammed (ours)", "BertForMaskedLM"):
+        print(f"{name:<18}{speed[name]['tokens_per_s']:>12,.0f}{speed[name]['mfu']:>9.2%}")
+    print(f"speed-up: {speed['speed-up']:.2f}x (target >= 2.0x on a GPU)")
+    print(f"\nMLM loss after {budget:.0f} s of training each (held-out, same data):")
+    for name, r in losses.items():
+        print(f"  {name:<10} steps {r['steps']:>6}  tokens/s {r['tokens_per_s']:>10,.0f}  val loss {r['val_loss']:.3f}")
+    verdict = losses["crammed"]["val_loss"] < losses["original"]["val_loss"]
+    print(f"crammed below original: {verdict}")
+    return {"device": str(device), "shape": {k: getattr(recipe, k) for k in ("d_model", "n_layers", "vocab_size")},
+            "throughput": speed, "budget_seconds": budget, "loss_at_budget": losses, "crammed_lower_loss": verdict}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=parse_budget, default=None,
+                        help="seconds of each loss run (default 20s fast, 2m full)")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    args = parser.parse_args()
+    print(json.dumps(run(args.budget, args.device)))

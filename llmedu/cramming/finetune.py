@@ -1,0 +1,129 @@
+"""Downstream evaluation: fine-tune the pretrained encoder on a labelled task with fixed settings.
+
+Cramming judges a budget by what the model is good for afterwards (Geiping & Goldstein 2022, sec.
+2 and 5): the pretrained encoder gets a classifier on its [CLS] state and is fine-tuned with one
+fixed set of hyper-parameters for every model, at most 5 epochs, no search per task. Here the task
+is Rotten Tomatoes (fresh vs rotten, an SST-2-like sentiment task; ``llmedu.data.classification``).
+
+The control is the same architecture from random weights, fine-tuned the same way: the difference
+is what pretraining bought.
+
+Left out: GLUE's other tasks and its test server, sentence-pair tasks, and the paper's averaging
+over several fine-tuning seeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import runtime
+from ..data.classification import load_classification
+from ..models import SequenceClassifier
+from ..tokenizers import WordPieceTokenizer
+from ..train import TrainConfig, train
+from ..train.schedules import warmup_linear
+from .pretrain import load_pretrained, load_run
+
+__all__ = ["FinetuneSettings", "FIXED", "encode_texts", "finetune"]
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    lr: float = 1e-4
+    batch_size: int = 32
+    epochs: int = 2  # the paper allows at most 5
+    warmup: float = 0.1  # fraction of the steps
+    weight_decay: float = 0.01
+    max_len: int = 128  # the pretraining length; longer snippets are cut
+
+    def __post_init__(self):
+        if not 1 <= self.epochs <= 5:
+            raise ValueError(f"the rules allow 1 to 5 fine-tuning epochs, got {self.epochs}")
+
+
+FIXED = FinetuneSettings()  # the one setting every model is fine-tuned with
+
+
+def encode_texts(tokenizer: WordPieceTokenizer, texts: list[str], max_len: int) -> list[list[int]]:
+    """[CLS] text [SEP], cut to ``max_len`` tokens (the [SEP] kept)."""
+    sep = tokenizer.vocab["[SEP]"]
+    return [ids if len(ids) <= max_len else ids[: max_len - 1] + [sep]
+            for ids in (tokenizer.encode(t) for t in texts)]
+
+
+def _collate(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ids -> (ids, attention mask), both (B, longest row), padded on the right."""
+    longest = max(len(r) for r in rows)
+    ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+    return ids, (ids != pad_id).long()
+
+
+@torch.no_grad()
+def accuracy(model: SequenceClassifier, rows: list[list[int]], labels: list[int], pad_id: int,
+             device, batch_size: int = 128) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(rows), batch_size):
+        ids, mask = _collate(rows[start: start + batch_size], pad_id)
+        logits = model(ids.to(device), mask.to(device))  # (B, 2)
+        correct += (logits.argmax(-1).cpu() == torch.tensor(labels[start: start + batch_size])).sum().item()
+    return correct / len(rows)
+
+
+def finetune(run: str | Path, task: str = "rotten_tomatoes", *, from_scratch: bool = False,
+             settings: FinetuneSettings = FIXED, max_train: int | None = None, max_eval: int | None = None,
+             device: torch.device | None = None, seed: int = 0, progress: bool = True) -> dict:
+    """Fine-tune the encoder of pretraining run ``run`` (or, ``from_scratch``, the same shape from
+    random weights) on ``task``; return the validation accuracy and the run's figures."""
+    recipe, tokenizer = load_run(run)
+    device = device or runtime.device()
+    texts, labels = load_classification(task, "train")
+    val_texts, val_labels = load_classification(task, "validation")
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(texts), generator=g).tolist()[:max_train]  # a fixed random slice
+    texts, labels = [texts[i] for i in order], [labels[i] for i in order]
+    val_texts, val_labels = val_texts[:max_eval], val_labels[:max_eval]
+    rows = encode_texts(tokenizer, texts, settings.max_len)
+    val_rows = encode_texts(tokenizer, val_texts, settings.max_len)
+    pad = tokenizer.vocab["[PAD]"]
+    if len(rows) < settings.batch_size:
+        raise ValueError(f"{len(rows)} training examples are fewer than one batch of {settings.batch_size}")
+
+    runtime.seed_everything(seed)
+    model = SequenceClassifier(recipe.model_config(), n_classes=len(set(labels)))
+    if not from_scratch:
+        model.transformer.load_state_dict(load_pretrained(run))  # strict: every weight must fit
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    per_epoch = len(rows) // settings.batch_size
+    total = settings.epochs * per_epoch
+
+    def batches(i: int):
+        epoch, index = divmod(i, per_epoch)
+        perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 1 + epoch)).tolist()
+        pick = perm[index * settings.batch_size: (index + 1) * settings.batch_size]
+        ids, mask = _collate([rows[j] for j in pick], pad)
+        return ids.to(device), mask.to(device), torch.tensor([labels[j] for j in pick], device=device)
+
+    def loss_fn(model, batch):
+        ids, mask, y = batch
+        return F.cross_entropy(model(ids, mask).float(), y)
+
+    config = TrainConfig(max_steps=total, schedule=warmup_linear(max(1, int(settings.warmup * total)), total),
+                         precision=recipe.resolved_precision(device), progress=progress)
+    history = train(model, optimizer, batches, loss_fn, config)
+    result = {
+        "task": task, "init": "random" if from_scratch else "pretrained", "run": str(run),
+        "train_examples": len(rows), "eval_examples": len(val_rows), "steps": total,
+        "final_train_loss": round(sum(history["loss"][-10:]) / len(history["loss"][-10:]), 4),
+        "accuracy": round(accuracy(model, val_rows, val_labels, pad, device), 4),
+        "majority_baseline": round(max(val_labels.count(c) for c in set(val_labels)) / len(val_labels), 4),
+        "settings": asdict(settings),
+    }
+    return result

@@ -1,0 +1,194 @@
+"""The crammed BERT recipe and the original one, as data: every trick of Cramming is one switch.
+
+Geiping & Goldstein (2022), "Cramming: Training a Language Model on a Single GPU in One Day",
+keep BERT's shape and objective and change what makes a fixed budget go further (their sec. 4):
+
+    architecture   pre-LN (stable at a high learning rate), no biases in linear layers and norms,
+                   a gated GELU feed-forward (GEGLU), scaled sinusoidal positions, no dropout
+    objective      "sparse prediction": run the output head on the masked tokens only
+    training       AdamW; a one-cycle (triangular) learning rate whose length is the *budget*,
+                   since the number of steps is not known in advance; gradient clipping at 0.5;
+                   a large batch via accumulation; bf16 where the hardware has it
+
+``original_bert`` is the baseline at the same shape: post-LN, biases, exact GELU, learned
+positions, dropout 0.1, the head over every position, warm-up then linear decay (Devlin et al.
+2019, appendix A.2). ``ABLATIONS`` turns one crammed trick back at a time, for the ablation table.
+
+Left out: the paper's batch-size ramp (our trainer keeps the accumulation fixed), its data
+filtering, and its fused kernels; sizes here are for a CPU, and the CUDA shape is BERT-base.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from ..models import TransformerConfig
+from ..train.schedules import Schedule
+
+__all__ = ["Recipe", "crammed", "original_bert", "ABLATIONS", "TINY_SHAPE", "CUDA_SHAPE", "parse_budget",
+           "BudgetClock", "budget_schedule"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str = "crammed"
+    # shape (the same for both recipes)
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 512
+    seq_len: int = 128
+    vocab_size: int = 4096  # of the WordPiece tokenizer trained on the corpora
+    # architecture switches
+    norm_placement: str = "pre"  # "pre" (crammed) or "post" (BERT)
+    bias: bool = False
+    activation: str = "geglu"  # "geglu" or "gelu"
+    position: str = "scaled_sinusoidal"  # or "learned"
+    dropout: float = 0.0
+    attn_impl: str = "sdpa"  # "math", "sdpa" or "flash" (import llmedu.kernels)
+    # objective
+    sparse_prediction: bool = True  # the head decodes only the masked positions
+    mask_rate: float = 0.15
+    mask_fraction: float = 0.8  # of the chosen tokens: [MASK]
+    random_fraction: float = 0.1  # of the chosen tokens: a random token (the rest stay)
+    # optimisation
+    schedule: str = "one_cycle"  # "one_cycle" (triangular, tied to the budget) or "linear" (warm-up, decay)
+    lr: float = 1e-3
+    warmup: float = 0.1  # linear schedule: fraction of the budget spent warming up
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    clip_grad_norm: float | None = 0.5
+    micro_batch: int = 16
+    accumulation: int = 2  # 4,096 tokens a step on a CPU; CUDA_SHAPE asks for 196,608
+    precision: str = "auto"  # "auto": bf16 on CUDA with bf16 support, fp32 elsewhere
+
+    def __post_init__(self):
+        if self.schedule not in ("one_cycle", "linear"):
+            raise ValueError(f"schedule must be 'one_cycle' or 'linear', got {self.schedule!r}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup is a fraction of the budget in [0, 1), got {self.warmup}")
+        self.model_config()  # rejects impossible shapes now, not after the data is prepared
+
+    def model_config(self) -> TransformerConfig:
+        return TransformerConfig(
+            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+            d_ff=self.d_ff, max_seq_len=self.seq_len, position=self.position, norm="layernorm",
+            norm_eps=1e-12, norm_placement=self.norm_placement, activation=self.activation, bias=self.bias,
+            causal=False, type_vocab_size=0, embedding_norm=True, tie_embeddings=True,
+            dropout=self.dropout, attn_impl=self.attn_impl)
+
+    def resolved_precision(self, device: torch.device) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Recipe":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown recipe fields {unknown}")
+        values = dict(values)
+        if "betas" in values:
+            values["betas"] = tuple(values["betas"])
+        return cls(**values)
+
+    def differences(self, other: "Recipe") -> dict[str, tuple]:
+        """{field: (self's value, other's value)} for every field that differs."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+
+TINY_SHAPE = dict(d_model=64, n_layers=2, n_heads=2, d_ff=128, vocab_size=1024, micro_batch=16, accumulation=1)
+CUDA_SHAPE = dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, vocab_size=32768, micro_batch=128, accumulation=12)
+
+
+def crammed(**overrides) -> Recipe:
+    """The crammed recipe (all tricks on) at the CPU shape, or at any shape given in ``overrides``."""
+    return Recipe(**{"name": "crammed", **overrides})
+
+
+def original_bert(**overrides) -> Recipe:
+    """BERT's own recipe at the same shape: every crammed trick off."""
+    settings = dict(name="original", norm_placement="post", bias=True, activation="gelu", position="learned",
+                    dropout=0.1, sparse_prediction=False, schedule="linear", lr=1e-4, betas=(0.9, 0.999),
+                    clip_grad_norm=None, d_ff=4 * overrides.get("d_model", Recipe.d_model))
+    return Recipe(**{**settings, **overrides})
+
+
+# One trick undone at a time; post-LN is only stable at a lower rate, so that row lowers it too.
+ABLATIONS: dict[str, dict] = {
+    "crammed": {},
+    "post-LN": dict(norm_placement="post", lr=1e-4),
+    "with biases": dict(bias=True),
+    "GELU FFN (no gate)": dict(activation="gelu", d_ff=4 * Recipe.d_model),
+    "learned positions": dict(position="learned"),
+    "full prediction": dict(sparse_prediction=False),
+    "dropout 0.1": dict(dropout=0.1),
+    "linear schedule": dict(schedule="linear"),
+}
+
+
+# -- the budget ----------------------------------------------------------------------------------
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_budget(text: str) -> float:
+    """'30s', '10m', '24h', '1.5h' or a bare number of seconds -> seconds (positive)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", str(text))
+    if not match:
+        raise ValueError(f"cannot parse the budget {text!r}: write a number with a unit, e.g. 30s, 10m, 24h")
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds <= 0:
+        raise ValueError(f"the budget must be positive, got {text!r}")
+    return seconds
+
+
+class BudgetClock:
+    """How much of the budget is spent: the larger of elapsed/seconds and steps/max_steps.
+
+    The trainer's schedules are functions of the step; a wall-clock budget does not say how many
+    steps there will be. The clock is fed each step's elapsed time by a callback (``tick``), and
+    ``budget_schedule`` reads the fraction from it: the learning rate follows the clock.
+    """
+
+    def __init__(self, seconds: float | None, max_steps: int | None = None, elapsed: float = 0.0):
+        if seconds is None and max_steps is None:
+            raise ValueError("a budget needs seconds, max_steps or both")
+        self.seconds, self.max_steps, self.elapsed = seconds, max_steps, elapsed
+
+    def tick(self, info) -> None:  # a trainer callback
+        self.elapsed = info.elapsed
+
+    def fraction(self, step: int) -> float:
+        parts = []
+        if self.seconds is not None:
+            parts.append(self.elapsed / self.seconds)
+        if self.max_steps is not None:
+            parts.append(step / self.max_steps)
+        return min(1.0, max(parts))
+
+
+def budget_schedule(recipe: Recipe, clock: BudgetClock) -> Schedule:
+    """step -> lr multiplier, as a function of the budget spent (``clock.fraction``).
+
+    one_cycle: linear up from 0 to 1 over the first half, linear down to 0 over the second
+    (Cramming's triangular one-cycle); linear: up over ``recipe.warmup``, then down to 0 (BERT).
+    """
+    peak = 0.5 if recipe.schedule == "one_cycle" else recipe.warmup
+
+    def factor(step: int) -> float:
+        f = clock.fraction(step)
+        if f < peak:
+            return max(f / peak, 1e-3)  # never exactly 0: the first step still moves
+        return max(1.0 - (f - peak) / (1.0 - peak), 0.0)
+
+    return factor

@@ -1,0 +1,145 @@
+"""Cramming end to end on a small slice: budget, checkpoints, exact resume, clear errors, fine-tuning."""
+
+import json
+
+import pytest
+import torch
+
+from llmedu.cramming.__main__ import main
+from llmedu.cramming.finetune import FinetuneSettings, finetune
+from llmedu.cramming.pretrain import load_pretrained, mlm_loss_fn, pretrain
+from llmedu.cramming.recipe import TINY_SHAPE, BudgetClock, budget_schedule, crammed, original_bert, parse_budget
+from llmedu.data.packing import mask_tokens
+from llmedu.models import MaskedLM
+from llmedu.models.bert import mlm_loss
+
+SLICE = dict(max_chars=20_000, tokenizer_chars=30_000, progress=False)  # ~150 rows of 128 tokens per corpus
+TINY = crammed(**{**TINY_SHAPE, "micro_batch": 8})
+
+
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("10m", 600), ("24h", 86400), ("1.5h", 5400), ("90", 90)])
+def test_budgets_parse(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "ten minutes", "10 min", "-5m", "0s", "5x"])
+def test_a_budget_that_cannot_be_parsed_is_a_clear_error(text):
+    with pytest.raises(ValueError, match="budget"):
+        parse_budget(text)
+
+
+def test_one_cycle_schedule_follows_the_budget_not_the_steps():
+    clock = BudgetClock(seconds=100)
+    schedule = budget_schedule(TINY, clock)
+    factors = []
+    for elapsed in (0, 25, 50, 75, 100):
+        clock.elapsed = elapsed
+        factors.append(schedule(step=7))  # the step does not matter, the clock does
+    assert factors == [1e-3, 0.5, 1.0, 0.5, 0.0]
+
+
+@pytest.mark.parametrize("recipe", [TINY, original_bert(**TINY_SHAPE)], ids=["crammed", "original"])
+def test_sparse_prediction_gives_the_loss_and_gradients_of_full_prediction(recipe):
+    torch.manual_seed(0)
+    model = MaskedLM(recipe.model_config()).eval()  # eval: dropout off, so both passes see the same network
+    ids = torch.randint(5, recipe.vocab_size, (4, 32))
+    inputs, labels = mask_tokens(ids, 0.15, 4, recipe.vocab_size, [0, 1, 2, 3, 4], torch.Generator().manual_seed(1))
+    batch = {"input_ids": inputs, "labels": labels}
+    reference = mlm_loss(model(inputs), labels)  # the model's own head over every position, then masked
+    grads = {}
+    for sparse in (True, False):
+        model.zero_grad()
+        loss = mlm_loss_fn(sparse)(model, batch)
+        loss.backward()
+        grads[sparse] = [p.grad.clone() for p in model.parameters()]
+        # the same float32 numbers summed over the same rows: only summation order can differ
+        torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-6)
+    for sparse_grad, full_grad in zip(grads[True], grads[False]):
+        torch.testing.assert_close(sparse_grad, full_grad, rtol=1e-5, atol=1e-7)
+
+
+def _weights(run):
+    return load_pretrained(run)
+
+
+def test_an_interrupted_run_resumes_exactly(tmp_path):
+    """Interrupt at step 5 (checkpoints at 2 and 4), resume: the weights at step 6 equal an unbroken run's."""
+    settings = dict(budget=None, max_steps=6, checkpoint_every=2, eval_batches=1, corpora=["kjv"], **SLICE)
+    pretrain(tmp_path / "whole", TINY, **settings)
+
+    def interrupt(info):
+        if info.step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(tmp_path / "broken", TINY, callbacks=[interrupt], **settings)
+    assert sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    summary = pretrain(tmp_path / "broken", TINY, resume=True, **settings)
+    assert summary["steps"] == 6 and summary["steps_this_run"] == 2  # steps 5 and 6, redone from step 4
+    whole, resumed = _weights(tmp_path / "whole"), _weights(tmp_path / "broken")
+    for name in whole:
+        torch.testing.assert_close(resumed[name], whole[name], rtol=0, atol=0, msg=name)
+
+
+def test_resuming_with_a_different_recipe_is_a_clear_error(tmp_path):
+    pretrain(tmp_path, TINY, budget=None, max_steps=1, eval_batches=1, **SLICE)
+    with pytest.raises(ValueError, match="different recipe.*lr"):
+        pretrain(tmp_path, crammed(**{**TINY_SHAPE, "micro_batch": 8, "lr": 5e-4}), budget=None, max_steps=2,
+                 resume=True, **SLICE)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        pretrain(tmp_path, TINY, budget=None, max_steps=1, **SLICE)
+
+
+def test_a_corpus_too_small_for_one_batch_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="too small for one batch"):
+        pretrain(tmp_path, crammed(**{**TINY_SHAPE, "micro_batch": 64}), budget="5s", corpora=["kjv"],
+                 max_chars=3_000, tokenizer_chars=30_000, progress=False)
+    assert not (tmp_path / "run.json").exists(), "nothing is written before the data is known to suffice"
+
+
+def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
+    """pretrain under a wall-clock budget -> checkpoint -> resume -> fine-tune -> evaluate, via the CLI."""
+    out = str(tmp_path / "run")
+    common = ["--out", out, "--shape", "tiny", "--max-chars", "20000", "--tokenizer-chars", "30000",
+              "--checkpoint-every", "5"]
+    first = main(["pretrain", "--budget", "6s", *common])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the last line is the JSON summary
+    assert printed == first
+    assert first["stop_reason"] == "seconds"
+    # The trainer reads the clock before each step: it stops at the first step that ends past the
+    # budget, so it overshoots by less than one step (a few percent of a real budget; on a loaded
+    # 2-core test machine one step of this tiny model can take seconds, so the bound is the step).
+    assert 6 <= first["elapsed_seconds"] < 6 + first["longest_step_seconds"], first
+    assert first["wall_seconds"] >= first["elapsed_seconds"]
+    assert first["val_loss"] < 7.0  # ln(1024) = 6.93 is a uniform guess; a few steps start from about there
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == first["steps"]
+
+    # a longer budget of the same run is a different run: resuming it must be refused...
+    with pytest.raises(ValueError, match="budget_seconds"):
+        main(["pretrain", "--budget", "8s", "--resume", *common])
+    capsys.readouterr()
+    # ...while the same settings resume from the last checkpoint, which already spent the budget
+    again = main(["pretrain", "--budget", "6s", "--resume", *common])
+    assert again["steps"] == first["steps"] and again["steps_this_run"] == 0
+
+    result = main(["finetune", "--checkpoint", out, "--epochs", "1", "--max-train", "96", "--max-eval", "64"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    assert result["init"] == "pretrained" and result["steps"] == 3 and 0 <= result["accuracy"] <= 1
+
+
+def test_finetuning_rules(tmp_path):
+    with pytest.raises(ValueError, match="1 to 5"):
+        FinetuneSettings(epochs=6)
+    with pytest.raises(FileNotFoundError, match="run.json"):
+        finetune(tmp_path)
+
+
+def test_graders_pass_the_reference_and_fail_a_wrong_answer(capsys):
+    from llmedu.checks.cramming import check_pack, check_parse_budget, check_sparse_mlm_loss
+    from llmedu.data.packing import pack
+
+    assert check_pack(pack) and not check_pack(lambda d, t, c, s: pack(d, t, c, s)[:, 1:])
+    assert check_parse_budget(parse_budget) and not check_parse_budget(lambda text: float(text.rstrip("smh")))
+    assert check_sparse_mlm_loss(mlm_loss_fn(sparse=True))
+    assert not check_sparse_mlm_loss(lambda model, batch: mlm_loss_fn(sparse=True)(model, batch) * 1.01)
+    assert capsys.readouterr().out.count("FAIL") == 3
