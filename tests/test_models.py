@@ -121,6 +121,16 @@ def test_bad_inputs_fail_at_call():
         model(torch.zeros(1, 5))
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         model(torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        model(torch.zeros(1, 5, dtype=torch.long), inputs_embeds=torch.zeros(1, 5, 48))
+    with pytest.raises(ValueError, match="inputs_embeds must be"):
+        model(inputs_embeds=torch.zeros(1, 5, 47))
+
+
+def test_inputs_embeds_is_the_embedding_path_made_explicit(lm):
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    embeds = lm.get_input_embeddings()(ids)  # (B, T, d)
+    torch.testing.assert_close(lm(inputs_embeds=embeds), lm(ids), **TOL)
 
 
 def test_counting_by_hand():

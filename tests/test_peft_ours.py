@@ -103,7 +103,33 @@ def test_prefix_tuning_trains_on_our_model(llamas):
     assert all(p.grad is None for p in model.base.parameters())
 
 
-def test_prompt_tuning_needs_input_embeddings(llamas):
-    _, ours = llamas
+@pytest.mark.parametrize("models", ["llamas", "berts"])
+def test_prompt_tuning_on_our_model_matches_transformers(models, request):
+    hf, ours = request.getfixturevalue(models)
+    theirs, mine = PromptTuning(copy.deepcopy(hf), n_virtual=3), PromptTuning(copy.deepcopy(ours), n_virtual=3)
+    copy_adapter(theirs, mine)
+    with torch.no_grad():
+        a, b = theirs(IDS, attention_mask=MASK), mine(IDS, attention_mask=MASK)
+    a = a.logits if hasattr(a, "logits") else a.last_hidden_state
+    assert a.shape == b.shape and b.shape[1] == 3 + IDS.shape[1]  # the virtual tokens come first
+    torch.testing.assert_close(b[:, 3:][MASK.bool()], a[:, 3:][MASK.bool()], rtol=0, atol=ATOL)
+    torch.testing.assert_close(b[:, :3], a[:, :3], rtol=0, atol=ATOL)
+    assert count_parameters(mine)[0] == count_parameters(theirs)[0] == 3 * 32
+
+
+def test_prompt_tuning_needs_input_embeddings():
     with pytest.raises(TypeError, match="inputs_embeds"):
-        PromptTuning(copy.deepcopy(ours), n_virtual=3)
+        PromptTuning(torch.nn.Linear(4, 4), n_virtual=3)
+
+
+def test_prefix_tuning_reaches_every_layer_of_our_classifier():
+    from llmedu.models import SequenceClassifier, TransformerConfig
+
+    torch.manual_seed(4)
+    base = SequenceClassifier(TransformerConfig.bert(vocab_size=64, d_model=32, n_heads=4, n_layers=2), n_classes=2)
+    model = PrefixTuning(base, n_virtual=3).eval()
+    with torch.no_grad():
+        before = model(IDS, attention_mask=MASK)  # (B, 2)
+        model.prefix.add_(1.0)  # were the prefix not passed down to attention, this would change nothing
+        after = model(IDS, attention_mask=MASK)
+    assert before.shape == (2, 2) and (after - before).abs().max() > 1e-4

@@ -54,8 +54,12 @@ class MaskedLM(nn.Module):
         if config.tie_embeddings:
             self.mlm_head.decoder.weight = self.transformer.tok_embed.weight
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        return self.mlm_head(self.transformer(input_ids, attention_mask, token_type_ids))  # (B, T, vocab)
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, cache=None, inputs_embeds=None):
+        h = self.transformer(input_ids, attention_mask, token_type_ids, cache, inputs_embeds)  # (B, T, d)
+        return self.mlm_head(h)  # (B, T, vocab)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.transformer.tok_embed
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -79,7 +83,10 @@ class SequenceClassifier(nn.Module):
             nn.init.normal_(linear.weight, std=config.init_std)
             nn.init.zeros_(linear.bias)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        h = self.transformer(input_ids, attention_mask, token_type_ids)  # (B, T, d)
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, cache=None, inputs_embeds=None):
+        h = self.transformer(input_ids, attention_mask, token_type_ids, cache, inputs_embeds)  # (B, T, d)
         pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, d): the [CLS] token
         return self.classifier(self.dropout(pooled))  # (B, n_classes)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.transformer.tok_embed

@@ -36,8 +36,12 @@ class CausalLM(nn.Module):
         else:
             nn.init.normal_(self.lm_head.weight, std=config.init_std)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
-        return self.lm_head(self.transformer(input_ids, attention_mask, cache=cache))  # (B, T, vocab)
+    def forward(self, input_ids=None, attention_mask=None, cache=None, inputs_embeds=None) -> torch.Tensor:
+        h = self.transformer(input_ids, attention_mask, cache=cache, inputs_embeds=inputs_embeds)  # (B, T, d)
+        return self.lm_head(h)  # (B, T, vocab)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.transformer.tok_embed
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         return generate(self, input_ids, max_new_tokens, **kwargs)

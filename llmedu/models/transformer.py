@@ -104,26 +104,42 @@ class Transformer(nn.Module):
         c, weight = self.config, self.tok_embed.weight
         return KVCache(c.n_layers, batch, c.n_kv_heads, c.head_dim, max_len or c.max_seq_len, weight.device, weight.dtype)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding table (the name ``transformers`` uses, so PEFT code finds it)."""
+        return self.tok_embed
+
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``attention_mask`` (B, T_past + T): 1 for tokens, 0 for padding. Returns (B, T, d)."""
-        c = self.config
-        if input_ids.dim() != 2 or input_ids.dtype != torch.long:
-            raise ValueError(
-                f"input_ids must be a (batch, seq) tensor of int64, got {input_ids.dtype} {tuple(input_ids.shape)}"
-            )
-        B, T = input_ids.shape
-        past = cache.length if cache is not None else 0
-        positions = torch.arange(past, past + T, device=input_ids.device)  # (T,)
+        """``attention_mask`` (B, T_past + T): 1 for tokens, 0 for padding. Returns (B, T, d).
 
-        x = self.tok_embed(input_ids)  # (B, T, d)
+        ``inputs_embeds`` (B, T, d) replaces ``input_ids`` when the token embeddings are made
+        elsewhere (prompt tuning prepends trainable ones); positions are added as usual.
+        """
+        c = self.config
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2 or input_ids.dtype != torch.long:
+                raise ValueError(
+                    f"input_ids must be a (batch, seq) tensor of int64, got {input_ids.dtype} {tuple(input_ids.shape)}"
+                )
+            x = self.tok_embed(input_ids)  # (B, T, d)
+        else:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != c.d_model:
+                raise ValueError(f"inputs_embeds must be (batch, seq, {c.d_model}), got {tuple(inputs_embeds.shape)}")
+            x = inputs_embeds
+        B, T = x.shape[:2]
+        past = cache.length if cache is not None else 0
+        positions = torch.arange(past, past + T, device=x.device)  # (T,)
+
         if self.type_embed is not None:
-            types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+            types = token_type_ids if token_type_ids is not None else torch.zeros(B, T, dtype=torch.long, device=x.device)
             x = x + self.type_embed(types)
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)  # (T, d) broadcast over the batch
