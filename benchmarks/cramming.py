@@ -6,8 +6,10 @@
 1. Throughput: one training step (forward, MLM loss, backward, AdamW) of our crammed MaskedLM
    (pre-LN, no biases, GEGLU, sparse prediction, no dropout) against ``BertForMaskedLM`` of the same
    width, depth, heads, vocabulary and sequence length (post-LN, biases, GELU, dropout 0.1, the head
-   over every position: the original recipe), both under bf16 autocast, SDPA attention for both. The
-   repeats alternate between the two models, so that a slow moment of a shared machine hurts both;
+   over every position: the original recipe), both under bf16 autocast with fp32 weights. Attention:
+   the recipe's (written out on a CPU, SDPA on a GPU); transformers' SDPA, which on a CPU takes
+   torch's math path since dropout is on. The repeats alternate between the two models, so that a
+   slow moment of a shared machine hurts both;
    tokens/s of the median repeat. MFU = FLOPs per token (``llmedu.models.counting``) x tokens/s over
    this machine's measured bf16 matmul FLOP/s (``llmedu.hardware``).
 2. Loss at a budget: ``pretrain`` with the crammed recipe and with the original one, the same
