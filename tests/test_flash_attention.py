@@ -20,13 +20,7 @@ from llmedu.nn.attention import causal_mask, get_attention, math_attention
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tile loop is many small ops: on a busy 2-core CPU one thread beats two that wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: see conftest.py
 
 
 def reference(q, k, v, causal=False, attn_mask=None):

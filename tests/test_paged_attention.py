@@ -14,13 +14,7 @@ from llmedu.inference import BlockAllocator, ContinuousBatcher, OutOfBlocks, Pag
 from llmedu.models import CausalLM, TransformerConfig
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The models here are tiny: one thread is faster than two that wait on each other on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: see conftest.py
 
 
 # -- the allocator -------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ class MaskedLM(nn.Module):
         return self.mlm_head(h)  # (B, T, vocab)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.transformer.tok_embed
+        return self.transformer.get_input_embeddings()
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -89,4 +89,4 @@ class SequenceClassifier(nn.Module):
         return self.classifier(self.dropout(pooled))  # (B, n_classes)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.transformer.tok_embed
+        return self.transformer.get_input_embeddings()

@@ -41,7 +41,7 @@ class CausalLM(nn.Module):
         return self.lm_head(h)  # (B, T, vocab)
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.transformer.tok_embed
+        return self.transformer.get_input_embeddings()
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         return generate(self, input_ids, max_new_tokens, **kwargs)

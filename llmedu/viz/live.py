@@ -83,8 +83,7 @@ class LiveMonitor:
         self.draws = 0
         self.draw_seconds = 0.0
         self._handle = None
-        self._last_draw = clock()
-        self._next_draw = self._last_draw + min_interval
+        self._next_draw = clock() + min_interval
         self._closed = False
 
     # -- recording ------------------------------------------------------------------------------
