@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from llmedu.nn.activations import FeedForward, gelu, gelu_tanh, glu_hidden_size, relu, silu
+from llmedu.models import MaskedLM, TransformerConfig
+from llmedu.nn.activations import FUSED, FeedForward, gelu, gelu_tanh, glu_hidden_size, relu, silu
 from llmedu.nn.blocks import ParallelBlock, SerialBlock
 from llmedu.nn.norms import LayerNorm, RMSNorm, deepnorm_constants, deepnorm_init_
 
@@ -40,6 +41,36 @@ def test_rmsnorm_matches_torch_and_llama():
     theirs.weight.data.copy_(ours.weight)
     torch.testing.assert_close(ours(x), theirs(x), **TOL)
     torch.testing.assert_close(ours(x), F.rms_norm(x, (24,), ours.weight, 1e-6), **TOL)
+
+
+@pytest.mark.parametrize("make", [lambda fused: LayerNorm(24, 1e-5, fused=fused), lambda fused: LayerNorm(24, 1e-5, bias=False, fused=fused),
+                                  lambda fused: RMSNorm(24, 1e-6, fused=fused)], ids=["layernorm", "layernorm-no-bias", "rmsnorm"])
+def test_fused_norms_equal_the_written_out_ones_forward_and_backward(make):
+    x = (torch.randn(3, 5, 24) * 4 + 2).requires_grad_()
+    written, fused = _randomise(make(False)), make(True)
+    fused.load_state_dict(written.state_dict())
+    grads = []
+    for norm in (written, fused):
+        y = norm(x)
+        (y * torch.linspace(-1, 1, 24)).sum().backward()  # a non-uniform upstream gradient
+        grads.append([x.grad.clone(), *(p.grad.clone() for p in norm.parameters())])
+        x.grad = None
+    torch.testing.assert_close(fused(x), written(x), **TOL)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # gradients sum over 15 rows: looser
+
+
+def test_fused_activations_and_model_equal_the_written_out_ones():
+    x = torch.linspace(-6, 6, 1001)
+    for name, f in FUSED.items():
+        torch.testing.assert_close(f(x), FeedForward(4, 8, name).act(x), **TOL)
+    config = TransformerConfig.bert(vocab_size=60, d_model=32, n_layers=2, n_heads=4, max_seq_len=16, activation="geglu", bias=False)
+    torch.manual_seed(0)
+    written = MaskedLM(config).eval()
+    fused = MaskedLM(TransformerConfig(**{**config.to_dict(), "fused": True})).eval()
+    fused.load_state_dict(written.state_dict())
+    ids = torch.randint(0, 60, (2, 16))
+    torch.testing.assert_close(fused(ids), written(ids), atol=1e-5, rtol=0)
 
 
 def test_rmsnorm_by_hand():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn.activations import ACTIVATIONS
+from ..nn.activations import ACTIVATIONS, FUSED, GATED
 from ..nn.norms import make_norm
 from .config import TransformerConfig
 from .transformer import Transformer
@@ -29,9 +29,9 @@ class MLMHead(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         c = config
-        self.dense = nn.Linear(c.d_model, c.d_model)
-        self.act = ACTIVATIONS["gelu" if c.activation in ("swiglu", "geglu") else c.activation]
-        self.norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias)
+        self.dense = nn.Linear(c.d_model, c.d_model, bias=c.bias)
+        self.act = (FUSED if c.fused else ACTIVATIONS)["gelu" if c.activation in GATED else c.activation]
+        self.norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias, c.fused)
         self.decoder = nn.Linear(c.d_model, c.vocab_size, bias=True)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -49,7 +49,8 @@ class MaskedLM(nn.Module):
         self.transformer = Transformer(config)
         self.mlm_head = MLMHead(config)
         nn.init.normal_(self.mlm_head.dense.weight, std=config.init_std)
-        nn.init.zeros_(self.mlm_head.dense.bias)
+        if self.mlm_head.dense.bias is not None:
+            nn.init.zeros_(self.mlm_head.dense.bias)
         nn.init.zeros_(self.mlm_head.decoder.bias)
         if config.tie_embeddings:
             self.mlm_head.decoder.weight = self.transformer.tok_embed.weight

@@ -48,6 +48,7 @@ class TransformerConfig:
     dropout: float = 0.0
     init_std: float = 0.02
     attn_impl: str = "sdpa"  # a name registered in llmedu.nn.attention
+    fused: bool = False  # norms and activations as torch's single kernels (same maths, faster)
 
     def __post_init__(self):
         if self.d_ff is None:

@@ -53,6 +53,7 @@ def make_block(config: TransformerConfig) -> nn.Module:
         attn_impl=config.attn_impl,
         dropout=config.dropout,
         deepnorm_alpha=deepnorm_constants(config.n_layers)[0],
+        fused=config.fused,
     )
 
 
@@ -75,11 +76,11 @@ class Transformer(nn.Module):
                 c.n_heads, c.relative_buckets, c.relative_max_distance, bidirectional=not c.causal
             ),
         }.get(c.position, lambda: None)()
-        self.embed_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.embedding_norm else None
+        self.embed_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias, c.fused) if c.embedding_norm else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(make_block(c) for _ in range(c.n_layers))
         final = c.norm_placement in ("pre", "sandwich")  # post-LN stacks end normalised already
-        self.final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if final else None
+        self.final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias, c.fused) if final else None
         self.reset_parameters()
 
     @torch.no_grad()

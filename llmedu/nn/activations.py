@@ -10,7 +10,9 @@
   A gated FFN has three matrices instead of two, so at equal parameter count its hidden width is
   2/3 of the plain one (LLaMA: 8d/3 instead of 4d); ``glu_hidden_size`` computes it.
 
-Left out: fused kernels, and the dropout inside the FFN.
+``FUSED`` holds torch's one-kernel versions of the same functions (``F.gelu`` and friends), which
+``FeedForward(fused=True)`` uses: the written-out GELU is five elementwise kernels, each saving its
+input for the backward pass. Left out: the dropout inside the FFN.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["relu", "gelu", "gelu_tanh", "silu", "ACTIVATIONS", "GATED", "FeedForward", "glu_hidden_size"]
+__all__ = ["relu", "gelu", "gelu_tanh", "silu", "ACTIVATIONS", "FUSED", "GATED", "FeedForward", "glu_hidden_size"]
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +54,16 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 GATED = {"swiglu", "geglu"}
 
+# the same functions as torch's single kernels (forward and backward): for speed, not for reading
+FUSED: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+}
+
 
 def glu_hidden_size(d_ff: int, multiple_of: int = 1) -> int:
     """Hidden width of a gated FFN with the parameters of a plain FFN of width ``d_ff``: 2/3 of it."""
@@ -61,12 +74,12 @@ def glu_hidden_size(d_ff: int, multiple_of: int = 1) -> int:
 class FeedForward(nn.Module):
     """Position-wise FFN: ``down(act(up(x)))``, or ``down(act(gate(x)) * up(x))`` when gated."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True, fused: bool = False):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
         self.activation = activation
-        self.act = ACTIVATIONS[activation]
+        self.act = (FUSED if fused else ACTIVATIONS)[activation]
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)

@@ -52,6 +52,7 @@ class SerialBlock(nn.Module):
         attn_impl: str = "sdpa",
         dropout: float = 0.0,
         deepnorm_alpha: float = 1.0,
+        fused: bool = False,
     ):
         super().__init__()
         if placement not in PLACEMENTS:
@@ -59,12 +60,12 @@ class SerialBlock(nn.Module):
         self.placement = placement
         self.alpha = deepnorm_alpha if placement == "deepnorm" else 1.0
         self.attn = Attention(d_model, n_heads, n_kv_heads, bias=bias, impl=attn_impl)
-        self.mlp = FeedForward(d_model, d_ff, activation, bias=bias)
-        self.attn_norm = make_norm(norm, d_model, norm_eps, bias)
-        self.mlp_norm = make_norm(norm, d_model, norm_eps, bias)
+        self.mlp = FeedForward(d_model, d_ff, activation, bias=bias, fused=fused)
+        self.attn_norm = make_norm(norm, d_model, norm_eps, bias, fused)
+        self.mlp_norm = make_norm(norm, d_model, norm_eps, bias, fused)
         if placement == "sandwich":
-            self.attn_out_norm = make_norm(norm, d_model, norm_eps, bias)
-            self.mlp_out_norm = make_norm(norm, d_model, norm_eps, bias)
+            self.attn_out_norm = make_norm(norm, d_model, norm_eps, bias, fused)
+            self.mlp_out_norm = make_norm(norm, d_model, norm_eps, bias, fused)
         self.dropout = nn.Dropout(dropout)
 
     def _residual(self, x, f, norm, out_norm=None) -> torch.Tensor:
@@ -100,13 +101,14 @@ class ParallelBlock(nn.Module):
         attn_impl: str = "sdpa",
         dropout: float = 0.0,
         deepnorm_alpha: float = 1.0,
+        fused: bool = False,
     ):
         super().__init__()
         if placement != "pre":
             raise ValueError(f"the parallel block is a pre-LN block; got placement={placement!r}")
         self.attn = Attention(d_model, n_heads, n_kv_heads, bias=bias, impl=attn_impl)
-        self.mlp = FeedForward(d_model, d_ff, activation, bias=bias)
-        self.norm = make_norm(norm, d_model, norm_eps, bias)
+        self.mlp = FeedForward(d_model, d_ff, activation, bias=bias, fused=fused)
+        self.norm = make_norm(norm, d_model, norm_eps, bias, fused)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, **attn_kwargs) -> torch.Tensor:  # (B, T, d) -> (B, T, d)

@@ -9,12 +9,16 @@
   a decoder-only stack of N layers: alpha = (2N)^(1/4), beta = (8N)^(-1/4).
 
 Where the norm sits (pre-LN, post-LN, sandwich, DeepNorm) is the block's business: see
-``llmedu.nn.blocks``. Left out: fused kernels, and the encoder-decoder constants of DeepNorm.
+``llmedu.nn.blocks``. ``fused=True`` computes the same maths with torch's one-kernel
+``F.layer_norm`` / ``F.rms_norm``: the written-out forward launches about six elementwise kernels
+and autograd saves their intermediates, which costs time and memory where the matmuls are small
+(lesson 18 measures it). Left out: the encoder-decoder constants of DeepNorm.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["LayerNorm", "RMSNorm", "make_norm", "deepnorm_constants", "deepnorm_init_"]
@@ -23,13 +27,15 @@ __all__ = ["LayerNorm", "RMSNorm", "make_norm", "deepnorm_constants", "deepnorm_
 class LayerNorm(nn.Module):
     """LayerNorm written out: centre, scale to unit variance, then an affine map."""
 
-    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True, fused: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.fused = eps, fused
         self.weight = nn.Parameter(torch.ones(d_model))
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
+        if self.fused:  # the same function, one kernel each way
+            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
         mean = x.mean(-1, keepdim=True)
         var = (x - mean).pow(2).mean(-1, keepdim=True)  # biased variance, as in the paper
         y = (x - mean) * torch.rsqrt(var + self.eps) * self.weight
@@ -39,23 +45,25 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """RMSNorm: divide by the root mean square; computed in fp32 whatever the input dtype."""
 
-    def __init__(self, d_model: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, eps: float = 1e-6, fused: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.fused = eps, fused
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         x32 = x.float()
+        if self.fused:
+            return self.weight * F.rms_norm(x32, self.weight.shape, eps=self.eps).to(x.dtype)
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * y.to(x.dtype)
 
 
-def make_norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
-    """``"layernorm"`` or ``"rmsnorm"``."""
+def make_norm(kind: str, d_model: int, eps: float, bias: bool = True, fused: bool = False) -> nn.Module:
+    """``"layernorm"`` or ``"rmsnorm"``; ``fused``: torch's kernel instead of the written-out maths."""
     if kind == "layernorm":
-        return LayerNorm(d_model, eps, bias)
+        return LayerNorm(d_model, eps, bias, fused)
     if kind == "rmsnorm":
-        return RMSNorm(d_model, eps)
+        return RMSNorm(d_model, eps, fused)
     raise ValueError(f"unknown norm {kind!r}; choose 'layernorm' or 'rmsnorm'")
 
 
