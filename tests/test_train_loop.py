@@ -64,6 +64,33 @@ def test_accumulation_equals_the_big_batch_for_our_gpt():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+def test_accumulation_can_grow_with_the_step():
+    """k = step -> 1, 2, 3: each step reads the next k micro-batches and follows the mean of their gradients."""
+    torch.manual_seed(0)
+    data = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(6)]  # 1 + 2 + 3 micro-batches
+    model, reference = mlp(), mlp()
+    seen = []
+
+    def batches(i):
+        seen.append(i)
+        return data[i]
+
+    history = train(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, mse,
+                    TrainConfig(max_steps=3, accumulation=lambda step: step + 1, progress=False))
+    assert seen == list(range(6)) and history["tokens"] == [4 * 8, 8 * 8, 12 * 8]
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for group in ([0], [1, 2], [3, 4, 5]):  # by hand: the mean loss over the step's micro-batches
+        x, y = torch.cat([data[i][0] for i in group]), torch.cat([data[i][1] for i in group])
+        mse(reference, (x, y)).backward()
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="accumulation must be an int >= 1"):
+        train(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), batches, mse,
+              TrainConfig(max_steps=2, accumulation=lambda step: 0, progress=False))
+
+
 def test_accumulation_differs_with_batchnorm():
     """BatchNorm normalises with the statistics of the batch it sees: a micro-batch's, not the big one's."""
     data = (torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.randn(32, 1, generator=torch.Generator().manual_seed(2)))

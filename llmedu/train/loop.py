@@ -23,6 +23,10 @@ Dividing each micro-batch's loss by k makes the summed gradient the gradient of 
 all k micro-batches: the gradient of one k-times larger batch (when the loss is a mean over equal
 micro-batches, and no layer mixes the samples of a batch: BatchNorm does; see lesson 08).
 
+``accumulation`` may also be a function ``step -> k``: a batch size that grows during training
+(Cramming's ramp: small, noisy, cheap steps first). Each step's k micro-batches are read in order,
+so a resumed run continues at the same micro-batch whatever k was.
+
 The budget is a number of optimizer steps, a number of wall-clock seconds (the Cramming setting:
 Geiping & Goldstein 2022), or both: training stops at whichever comes first.
 
@@ -53,7 +57,7 @@ __all__ = ["TrainConfig", "StepInfo", "History", "train", "log_to", "count_token
 class TrainConfig:
     max_steps: int | None = None  # optimizer steps
     max_seconds: float | None = None  # wall-clock budget; the first limit reached stops training
-    accumulation: int = 1  # micro-batches per optimizer step
+    accumulation: int | Callable[[int], int] = 1  # micro-batches per optimizer step, or step -> that number
     precision: str | Precision = "fp32"  # fp32, bf16 (autocast), fp16 (autocast + loss scaling)
     clip_grad_norm: float | None = None  # clip the global gradient norm to this value
     schedule: Schedule | None = None  # step -> multiplier of each group's base learning rate
@@ -68,8 +72,8 @@ class TrainConfig:
             raise ValueError(f"max_steps must be a positive int, got {self.max_steps!r}")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError(f"max_seconds must be positive, got {self.max_seconds!r}")
-        if not isinstance(self.accumulation, int) or self.accumulation < 1:
-            raise ValueError(f"accumulation must be an int >= 1 (micro-batches per step), got {self.accumulation!r}")
+        if not callable(self.accumulation):
+            _check_accumulation(self.accumulation)
         if not isinstance(self.precision, Precision):
             Precision(self.precision)  # raises for an unknown precision
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
@@ -107,6 +111,12 @@ class History:
     def __getitem__(self, name: str) -> list:
         """A column, e.g. ``history['loss']``."""
         return [getattr(s, name) for s in self.steps]
+
+
+def _check_accumulation(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"accumulation must be an int >= 1 (micro-batches per step), got {k!r}")
+    return k
 
 
 def count_tokens(batch: Any) -> int:
@@ -192,16 +202,17 @@ def train(
             break
         start = time.perf_counter()
         scale = policy.scaler.scale_value if policy.scaler else None
+        k = _check_accumulation(c.accumulation(step) if callable(c.accumulation) else c.accumulation)
         loss_sum, tokens, used = 0.0, 0, 0
-        for batch in islice(data, c.accumulation):  # gradients of the micro-batches add up in .grad
+        for batch in islice(data, k):  # gradients of the micro-batches add up in .grad
             with policy.autocast(device_type):
-                loss = loss_fn(model, batch) / c.accumulation
+                loss = loss_fn(model, batch) / k
             (policy.scaler.scale(loss) if policy.scaler else loss).backward()
             loss_sum += loss.item()
             tokens += count_tokens(batch)
             used += 1
         position += used
-        if used < c.accumulation:  # the data ended inside a step: drop its partial gradients
+        if used < k:  # the data ended inside a step: drop its partial gradients
             optimizer.zero_grad(set_to_none=True)
             history.stop_reason = "data"
             break
