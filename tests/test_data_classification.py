@@ -1,4 +1,4 @@
-"""llmedu.data.classification: the Rotten Tomatoes snippets, split by movie."""
+"""llmedu.data.classification: Rotten Tomatoes split by movie, BBC News split by article."""
 
 import pytest
 
@@ -26,6 +26,19 @@ def test_the_split_is_deterministic_and_has_no_shared_snippet(splits):
     overlap = set(splits["train"][0]) & set(splits["validation"][0])
     # identical short snippets ("A must-see.") can occur for different movies; they must be rare
     assert len(overlap) < 0.01 * len(splits["validation"][0])
+
+
+def test_bbc_news_has_the_published_articles_and_topics():
+    (train_x, train_y), (val_x, val_y) = (load_classification("bbc_news", split) for split in ("train", "validation"))
+    # 2,225 files (business 510, entertainment 386, politics 417, sport 511, tech 401: Greene & Cunningham
+    # 2006), less 98 exact copies, counted in the wheel by hand: 2,127 distinct articles
+    assert len(train_x) + len(val_x) == 2_127
+    assert [(train_y + val_y).count(topic) for topic in range(5)] == [503, 369, 403, 505, 347]
+    assert 0.17 < len(val_x) / 2_127 < 0.23 and not set(train_x) & set(val_x)
+    assert train_x[0].startswith("Ad sales boost Time Warner profit\n\nQuarterly profits")  # business/001: title, body
+    text = "".join(train_x + val_x)
+    assert "\u00a3" in text and "\u00c2\u00a3" not in text  # the pound sign, decoded right from both encodings
+    assert load_classification("bbc_news", "validation") == (val_x, val_y)
 
 
 def test_bad_input_is_refused():

