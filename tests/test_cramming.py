@@ -8,7 +8,8 @@ import torch
 from llmedu.cramming.__main__ import main
 from llmedu.cramming.finetune import FinetuneSettings, finetune
 from llmedu.cramming.pretrain import load_pretrained, mlm_loss_fn, pretrain
-from llmedu.cramming.recipe import TINY_SHAPE, BudgetClock, budget_schedule, crammed, original_bert, parse_budget
+from llmedu.cramming.recipe import (ABLATIONS, TINY_SHAPE, BudgetClock, budget_accumulation, budget_schedule, crammed,
+                                   original_bert, parse_budget)
 from llmedu.data.packing import mask_tokens
 from llmedu.models import MaskedLM
 from llmedu.models.bert import mlm_loss
@@ -36,6 +37,33 @@ def test_one_cycle_schedule_follows_the_budget_not_the_steps():
         clock.elapsed = elapsed
         factors.append(schedule(step=7))  # the step does not matter, the clock does
     assert factors == [1e-3, 0.5, 1.0, 0.5, 0.0]
+
+
+def test_the_batch_grows_to_full_at_sixty_percent_of_the_budget():
+    clock = BudgetClock(seconds=100)
+    ramp = budget_accumulation(crammed(accumulation=4), clock)
+    sizes = []
+    for elapsed in (0, 10, 20, 30, 45, 60, 90):
+        clock.elapsed = elapsed
+        sizes.append(ramp(step=3))
+    assert sizes == [1, 1, 2, 2, 3, 4, 4]  # ceil(4 * f / 0.6), at least 1, at most 4
+    assert budget_accumulation(original_bert(accumulation=4), clock) == 4  # BERT: a fixed batch
+
+
+def test_geglu_splits_d_ff_like_the_authors_code():
+    """The gated FFN has 3/4 of the plain FFN's weights at the same d_ff: value and gate share its width."""
+    gated, plain = crammed(), crammed(activation="gelu")
+    count = lambda r: sum(p.numel() for p in MaskedLM(r.model_config()).transformer.blocks[0].mlp.parameters())  # noqa: E731
+    assert count(gated) * 4 == count(plain) * 3 == 3 * 2 * gated.d_model * gated.d_ff
+    with pytest.raises(ValueError, match="d_ff must be even"):
+        crammed(d_ff=511)
+
+
+def test_every_ablation_is_one_valid_change_of_the_recipe():
+    for name, change in ABLATIONS.items():
+        recipe = crammed(**change)
+        assert set(recipe.differences(crammed())) <= set(change) | {"d_ff"}, name
+        MaskedLM(recipe.model_config())  # builds
 
 
 @pytest.mark.parametrize("recipe", [TINY, original_bert(**TINY_SHAPE)], ids=["crammed", "original"])

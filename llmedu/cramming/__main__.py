@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .. import runtime
+from ..data.classification import available_classification
 from .finetune import FIXED, FinetuneSettings, finetune
 from .pretrain import CORPORA, pretrain
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
@@ -60,11 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = commands.add_parser("finetune", help="fine-tune a pretrained run on a labelled task, fixed settings")
     f.add_argument("--checkpoint", required=True, help="a pretraining run folder (its latest checkpoint is used)")
-    f.add_argument("--task", default="rotten_tomatoes", help="labelled task (default rotten_tomatoes)")
+    f.add_argument("--task", default="rotten_tomatoes", choices=sorted(available_classification()),
+                   help="labelled task: rotten_tomatoes (sentiment, 2 classes) or bbc_news (5 topics)")
     f.add_argument("--from-scratch", action="store_true", help="same architecture from random weights: the control")
     f.add_argument("--epochs", type=int, default=FIXED.epochs, help=f"1 to 5 (default {FIXED.epochs})")
     f.add_argument("--max-train", type=int, default=None, help="use a random slice of this many training examples")
-    f.add_argument("--max-eval", type=int, default=None, help="evaluate on the first this many validation examples")
+    f.add_argument("--max-eval", type=int, default=None, help="evaluate on a fixed random slice of this many validation examples")
     f.add_argument("--seed", type=int, default=0, help="seed of the classifier head and the batch order")
     f.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 

@@ -2,8 +2,9 @@
 
 Cramming judges a budget by what the model is good for afterwards (Geiping & Goldstein 2022, sec.
 2 and 5): the pretrained encoder gets a classifier on its [CLS] state and is fine-tuned with one
-fixed set of hyper-parameters for every model, at most 5 epochs, no search per task. Here the task
-is Rotten Tomatoes (fresh vs rotten, an SST-2-like sentiment task; ``llmedu.data.classification``).
+fixed set of hyper-parameters for every model, at most 5 epochs, no search per task. The tasks are
+those of ``llmedu.data.classification``: Rotten Tomatoes (fresh vs rotten, an SST-2-like sentiment
+task) and BBC News (five topics).
 
 The control is the same architecture from random weights, fine-tuned the same way: the difference
 is what pretraining bought.
@@ -85,10 +86,10 @@ def finetune(run: str | Path, task: str = "rotten_tomatoes", *, from_scratch: bo
     device = device or runtime.device()
     texts, labels = load_classification(task, "train")
     val_texts, val_labels = load_classification(task, "validation")
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(texts), generator=g).tolist()[:max_train]  # a fixed random slice
-    texts, labels = [texts[i] for i in order], [labels[i] for i in order]
-    val_texts, val_labels = val_texts[:max_eval], val_labels[:max_eval]
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()[:max_train]
+    texts, labels = [texts[i] for i in order], [labels[i] for i in order]  # a random slice: the files are sorted
+    order = torch.randperm(len(val_texts), generator=torch.Generator().manual_seed(0)).tolist()[:max_eval]
+    val_texts, val_labels = [val_texts[i] for i in order], [val_labels[i] for i in order]  # the same for every model
     rows = encode_texts(tokenizer, texts, settings.max_len)
     val_rows = encode_texts(tokenizer, val_texts, settings.max_len)
     pad = tokenizer.vocab["[PAD]"]

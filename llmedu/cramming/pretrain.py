@@ -37,7 +37,7 @@ from ..models.counting import count_parameters, flops_per_token, matmul_paramete
 from ..tokenizers import WordPieceTokenizer
 from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
-from .recipe import BudgetClock, Recipe, budget_schedule, parse_budget
+from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule, parse_budget
 
 __all__ = ["CORPORA", "prepare_data", "mlm_loss_fn", "pretrain", "evaluate_mlm", "load_run", "load_pretrained"]
 
@@ -144,7 +144,7 @@ def pretrain(out: str | Path, recipe: Recipe, budget: str | float | None = "30s"
     start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
     clock = BudgetClock(budget_seconds, max_steps, elapsed=start["seconds"])
     precision = recipe.resolved_precision(device)
-    config = TrainConfig(max_steps=max_steps, max_seconds=budget_seconds, accumulation=recipe.accumulation,
+    config = TrainConfig(max_steps=max_steps, max_seconds=budget_seconds, accumulation=budget_accumulation(recipe, clock),
                          precision=precision, clip_grad_norm=recipe.clip_grad_norm,
                          schedule=budget_schedule(recipe, clock), checkpoint_dir=checkpoints,
                          checkpoint_every=checkpoint_every, progress=progress)

@@ -8,28 +8,36 @@ keep BERT's shape and objective and change what makes a fixed budget go further 
     objective      "sparse prediction": run the output head on the masked tokens only
     training       AdamW; a one-cycle (triangular) learning rate whose length is the *budget*,
                    since the number of steps is not known in advance; gradient clipping at 0.5;
-                   a large batch via accumulation; bf16 where the hardware has it
+                   a batch that grows via accumulation until 60% of the budget; bf16 where the
+                   hardware has it
+    implementation fused kernels for the norms and activations
+
+The GEGLU width follows the authors' code (``FFNComponent`` of github.com/JonasGeiping/cramming):
+the first projection is ``d_ff`` wide and is split into a value half and a gate half, so the gated
+FFN has 3/4 of the plain FFN's weights (d*d_ff + d_ff/2*d instead of 2*d*d_ff), not more.
 
 ``original_bert`` is the baseline at the same shape: post-LN, biases, exact GELU, learned
 positions, dropout 0.1, the head over every position, warm-up then linear decay (Devlin et al.
 2019, appendix A.2). ``ABLATIONS`` turns one crammed trick back at a time, for the ablation table.
 
-Left out: the paper's batch-size ramp (our trainer keeps the accumulation fixed), its data
-filtering, and its fused kernels; sizes here are for a CPU, and the CUDA shape is BERT-base.
+Left out: the paper's data filtering and sorting, ``torch.compile``, and its vocabulary of 32768
+(a CPU cannot use it in minutes); sizes here are for a CPU, and the CUDA shape is BERT-base.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, fields
 
 import torch
 
 from ..models import TransformerConfig
+from ..nn.activations import GATED
 from ..train.schedules import Schedule
 
 __all__ = ["Recipe", "crammed", "original_bert", "ABLATIONS", "TINY_SHAPE", "CUDA_SHAPE", "parse_budget",
-           "BudgetClock", "budget_schedule"]
+           "BudgetClock", "budget_schedule", "budget_accumulation"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,7 @@ class Recipe:
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
-    d_ff: int = 512
+    d_ff: int = 512  # width of the FFN's first projection (a gated FFN splits it: value and gate halves)
     seq_len: int = 128
     vocab_size: int = 4096  # of the WordPiece tokenizer trained on the corpora
     # architecture switches
@@ -51,6 +59,7 @@ class Recipe:
     # "math", "sdpa" or "flash" (import llmedu.kernels). "math" on a CPU: torch's fused CPU kernel is no
     # faster in fp32, and its bf16 backward is ~6x its forward (torch 2.13); CUDA_SHAPE asks for "sdpa".
     attn_impl: str = "math"
+    fused: bool = True  # torch's one-kernel LayerNorm and GELU (an implementation choice, in both recipes)
     # objective
     sparse_prediction: bool = True  # the head decodes only the masked positions
     mask_rate: float = 0.15
@@ -64,7 +73,8 @@ class Recipe:
     betas: tuple[float, float] = (0.9, 0.98)
     clip_grad_norm: float | None = 0.5
     micro_batch: int = 16
-    accumulation: int = 2  # 4,096 tokens a step on a CPU; CUDA_SHAPE asks for 196,608
+    accumulation: int = 4  # micro-batches per step at full batch: 8,192 tokens on a CPU; CUDA_SHAPE: 196,608
+    batch_ramp: float = 0.6  # the batch grows linearly to full over this fraction of the budget (0: fixed)
     precision: str = "auto"  # "auto": bf16 on CUDA with bf16 support, fp32 elsewhere
 
     def __post_init__(self):
@@ -74,15 +84,19 @@ class Recipe:
             raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup is a fraction of the budget in [0, 1), got {self.warmup}")
+        if not 0 <= self.batch_ramp <= 1:
+            raise ValueError(f"batch_ramp is a fraction of the budget in [0, 1], got {self.batch_ramp}")
+        if self.activation in GATED and self.d_ff % 2:
+            raise ValueError(f"a gated FFN splits d_ff in two halves: d_ff must be even, got {self.d_ff}")
         self.model_config()  # rejects impossible shapes now, not after the data is prepared
 
     def model_config(self) -> TransformerConfig:
         return TransformerConfig(
             vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-            d_ff=self.d_ff, max_seq_len=self.seq_len, position=self.position, norm="layernorm",
+            d_ff=self.d_ff // 2 if self.activation in GATED else self.d_ff, max_seq_len=self.seq_len, position=self.position, norm="layernorm",
             norm_eps=1e-12, norm_placement=self.norm_placement, activation=self.activation, bias=self.bias,
             causal=False, type_vocab_size=0, embedding_norm=True, tie_embeddings=True,
-            dropout=self.dropout, attn_impl=self.attn_impl)
+            dropout=self.dropout, attn_impl=self.attn_impl, fused=self.fused)
 
     def resolved_precision(self, device: torch.device) -> str:
         if self.precision != "auto":
@@ -123,7 +137,7 @@ def original_bert(**overrides) -> Recipe:
     """BERT's own recipe at the same shape: every crammed trick off."""
     settings = dict(name="original", norm_placement="post", bias=True, activation="gelu", position="learned",
                     dropout=0.1, sparse_prediction=False, schedule="linear", lr=1e-4, betas=(0.9, 0.999),
-                    clip_grad_norm=None, d_ff=4 * overrides.get("d_model", Recipe.d_model))
+                    clip_grad_norm=None, batch_ramp=0.0, d_ff=4 * overrides.get("d_model", Recipe.d_model))
     return Recipe(**{**settings, **overrides})
 
 
@@ -137,6 +151,8 @@ ABLATIONS: dict[str, dict] = {
     "full prediction": dict(sparse_prediction=False),
     "dropout 0.1": dict(dropout=0.1),
     "linear schedule": dict(schedule="linear"),
+    "fixed batch (no ramp)": dict(batch_ramp=0.0),
+    "written-out norm and GELU": dict(fused=False),
 }
 
 
@@ -195,3 +211,20 @@ def budget_schedule(recipe: Recipe, clock: BudgetClock) -> Schedule:
         return max(1.0 - (f - peak) / (1.0 - peak), 0.0)
 
     return factor
+
+
+def budget_accumulation(recipe: Recipe, clock: BudgetClock):
+    """step -> micro-batches in that step: 1 at the start, growing linearly with the budget spent
+    to ``recipe.accumulation`` at ``recipe.batch_ramp`` of it (the authors' bert-o4 setting: 60%).
+
+    Small batches early are cheap steps while the gradient is large and consistent; the larger
+    batch later averages the noise that limits progress near the end (McCandlish et al. 2018).
+    """
+    full = recipe.accumulation
+    if recipe.batch_ramp == 0 or full == 1:
+        return full
+
+    def micro_batches(step: int) -> int:
+        return max(1, min(full, math.ceil(full * clock.fraction(step) / recipe.batch_ramp)))
+
+    return micro_batches
