@@ -117,6 +117,24 @@ def test_prompt_tuning_on_our_model_matches_transformers(models, request):
     assert count_parameters(mine)[0] == count_parameters(theirs)[0] == 3 * 32
 
 
+@pytest.mark.parametrize("shift", [True, False], ids=["after-the-prefix", "from-zero"])
+def test_prefix_tuning_on_our_bert_and_llama_in_both_position_modes(shift, berts, llamas):
+    """BERT's learned positions and Llama's RoPE both see where the real tokens start: the two
+    implementations (ours through the cache's first_position, transformers' through position_ids) agree."""
+    prefix = lambda m: PrefixTuning(m, n_virtual=3, shift_positions=shift).eval()  # noqa: E731
+    for hf, ours in (berts, llamas):
+        check_same(hf, ours, prefix, prefix)
+
+
+def test_shifting_the_positions_changes_a_learned_position_model(berts):
+    """The switch does something: with learned absolute positions, 0..T-1 and P..P+T-1 differ."""
+    hf, _ = berts
+    shifted = PrefixTuning(copy.deepcopy(hf), n_virtual=3).eval()
+    kept = PrefixTuning(copy.deepcopy(hf), n_virtual=3, shift_positions=False).eval()
+    kept.load_state_dict(shifted.state_dict())
+    assert (outputs(shifted) - outputs(kept)).abs().max() > 1e-3
+
+
 def test_prompt_tuning_needs_input_embeddings():
     with pytest.raises(TypeError, match="inputs_embeds"):
         PromptTuning(torch.nn.Linear(4, 4), n_virtual=3)

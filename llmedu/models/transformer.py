@@ -137,7 +137,10 @@ class Transformer(nn.Module):
             x = inputs_embeds
         B, T = x.shape[:2]
         past = cache.length if cache is not None else 0
-        positions = torch.arange(past, past + T, device=x.device)  # (T,)
+        # the new tokens' positions follow what the cache holds, unless the cache says otherwise (a
+        # learned prefix need not count as text: llmedu.peft.PrefixTuning(shift_positions=False))
+        first = getattr(cache, "first_position", past)
+        positions = torch.arange(first, first + T, device=x.device)  # (T,)
 
         if self.type_embed is not None:
             types = token_type_ids if token_type_ids is not None else torch.zeros(B, T, dtype=torch.long, device=x.device)
@@ -150,7 +153,8 @@ class Transformer(nn.Module):
 
         mask = None  # additive, broadcastable to (B, H, T, T_past + T)
         if self.pos_bias is not None:
-            mask = self.pos_bias(positions, torch.arange(past + T, device=x.device)).to(x.dtype)  # (1, H, T, Tk)
+            keys = torch.arange(first - past, first + T, device=x.device)  # (Tk,): the cached ones, then the new
+            mask = self.pos_bias(positions, keys).to(x.dtype)  # (1, H, T, Tk)
         if attention_mask is not None:
             if attention_mask.shape != (B, past + T):
                 raise ValueError(

@@ -17,8 +17,12 @@ Li & Liang found training the prefix directly unstable and trained it through an
 (``projection=hidden``): prefix = W_2 tanh(W_1 e + b_1) + b_2 from a (P, d) embedding e; after
 training only the resulting prefix needs to be kept. (Its input embedding is H_kv * D wide,
 which is d without grouped queries; ``peft`` does the same.) Both wrappers extend the attention mask by
-P ones. The real tokens keep positions 0..T-1 in prompt tuning (the prompts are tokens) and move
-to P..P+T-1 in prefix tuning (the prefix is a past), as in ``peft``.
+P ones. The real tokens keep positions 0..T-1 in prompt tuning (the prompts are tokens). In prefix
+tuning the prefix is a past, and ``peft`` (through ``transformers``' cache) moves the real tokens to
+positions P..P+T-1; that is ``shift_positions=True``, the default. A model with learned absolute
+positions was never trained with [CLS] at position P, and its frozen features suffer: on MiniLM and
+Rotten Tomatoes (lesson 17) prefix tuning then learns nothing. ``shift_positions=False`` keeps the
+real tokens at 0..T-1.
 
 Left out: prompt initialisation from a text, multi-task prompts, encoder-decoder models.
 """
@@ -91,15 +95,21 @@ class PrefixCache:
     """A learned prefix that looks like ``llmedu.nn.attention.KVCache`` to our attention.
 
     ``update`` returns the prefix followed by the new keys/values and stores nothing, so the
-    prefix stays a leaf of autograd and each forward starts from it again.
+    prefix stays a leaf of autograd and each forward starts from it again. ``first_position`` is
+    where the real tokens' positions start: P (after the prefix, as ``peft``) or 0.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, shift_positions: bool = True):
         self.keys, self.values = keys, values  # (L, B, H_kv, P, D) each
+        self.shift_positions = shift_positions
 
     @property
     def length(self) -> int:
         return self.keys.shape[3]
+
+    @property
+    def first_position(self) -> int:
+        return self.length if self.shift_positions else 0
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.cat([self.keys[layer], k], dim=2), torch.cat([self.values[layer], v], dim=2)  # (B, H_kv, P + T, D)
@@ -109,19 +119,21 @@ class PrefixTuning(nn.Module):
     """``model`` with ``n_virtual`` trainable keys and values in front of every layer's attention.
 
     ``projection``: ``None`` trains the prefix directly; an int trains it through Li & Liang's
-    MLP with that hidden size.
+    MLP with that hidden size. ``shift_positions``: the real tokens sit after the prefix (P..P+T-1,
+    ``peft``'s behaviour) or keep positions 0..T-1 (see the module docstring).
     """
 
     peft_method = "prefix"
 
-    def __init__(self, model: nn.Module, n_virtual: int = 20, projection: int | None = None):
+    def __init__(self, model: nn.Module, n_virtual: int = 20, projection: int | None = None,
+                 shift_positions: bool = True):
         super().__init__()
         ensure_not_applied(model, "prefix")
         if not isinstance(n_virtual, int) or n_virtual <= 0:
             raise ValueError(f"n_virtual must be a positive int, got {n_virtual!r}")
         dims = model_dims(model)
         self.base = model
-        self.n_virtual, self.dims = n_virtual, dims
+        self.n_virtual, self.dims, self.shift_positions = n_virtual, dims, shift_positions
         width = dims["layers"] * 2 * dims["kv_heads"] * dims["head_dim"]  # one layer's K and V, all layers
         device = next(model.parameters()).device
         if projection is None:
@@ -153,8 +165,11 @@ class PrefixTuning(nn.Module):
         keys, values = keys.to(dtype), values.to(dtype)
         mask = _extend_mask(attention_mask, B, self.n_virtual, input_ids.device)
         if hasattr(self.base.config, "n_layers"):  # ours: a cache object that attention calls update() on
-            return self.base(input_ids, attention_mask=mask, cache=PrefixCache(keys, values), **kwargs)
+            cache = PrefixCache(keys, values, self.shift_positions)
+            return self.base(input_ids, attention_mask=mask, cache=cache, **kwargs)
         from transformers import DynamicCache
 
         cache = DynamicCache([(keys[layer], values[layer]) for layer in range(keys.shape[0])])
+        if not self.shift_positions:  # transformers would number the tokens from the cache's length
+            kwargs["position_ids"] = torch.arange(input_ids.shape[1], device=input_ids.device).expand(B, -1)  # (B, T)
         return self.base(input_ids=input_ids, attention_mask=mask, past_key_values=cache, **kwargs)
