@@ -7,7 +7,7 @@ import torch
 
 from llmedu.cramming.__main__ import main
 from llmedu.cramming.finetune import FinetuneSettings, finetune
-from llmedu.cramming.pretrain import load_pretrained, mlm_loss_fn, pretrain
+from llmedu.cramming.pretrain import load_pretrained, mlm_flops_per_token, mlm_loss_fn, pretrain
 from llmedu.cramming.recipe import (ABLATIONS, TINY_SHAPE, BudgetClock, budget_accumulation, budget_schedule, crammed,
                                    original_bert, parse_budget)
 from llmedu.data.packing import mask_tokens
@@ -48,6 +48,33 @@ def test_the_batch_grows_to_full_at_sixty_percent_of_the_budget():
         sizes.append(ramp(step=3))
     assert sizes == [1, 1, 2, 2, 3, 4, 4]  # ceil(4 * f / 0.6), at least 1, at most 4
     assert budget_accumulation(original_bert(accumulation=4), clock) == 4  # BERT: a fixed batch
+
+
+def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch):
+    cpu, recipe = torch.device("cpu"), crammed()
+    for avx512_bf16, amx, expected in ((True, False, "bf16"), (False, True, "bf16"), (False, False, "fp32")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert recipe.resolved_precision(cpu) == expected
+    assert crammed(precision="fp32").resolved_precision(cpu) == "fp32"
+    for bf16, expected in ((True, "bf16"), (False, "fp16")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda v=bf16: v)
+        assert recipe.resolved_precision(torch.device("cuda")) == expected
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_flops_per_token_equal_torch_flop_counter_for_sparse_and_full_prediction(sparse):
+    """MFU must count what runs: with sparse prediction the head runs on the masked rows alone."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    recipe = crammed(**{**TINY_SHAPE, "mask_rate": 0.125, "sparse_prediction": sparse})
+    model = MaskedLM(recipe.model_config())
+    ids = torch.randint(5, recipe.vocab_size, (2, recipe.seq_len))  # (B, T)
+    labels = torch.full_like(ids, -100)
+    labels.view(-1)[torch.randperm(ids.numel())[: int(0.125 * ids.numel())]] = 7  # exactly the mask rate
+    with FlopCounterMode(display=False) as counter:
+        mlm_loss_fn(sparse)(model, {"input_ids": ids, "labels": labels}).backward()
+    assert counter.get_total_flops() == mlm_flops_per_token(recipe, model) * ids.numel()
 
 
 def test_geglu_splits_d_ff_like_the_authors_code():

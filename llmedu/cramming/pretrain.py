@@ -39,7 +39,8 @@ from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
 from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule, parse_budget
 
-__all__ = ["CORPORA", "prepare_data", "mlm_loss_fn", "pretrain", "evaluate_mlm", "load_run", "load_pretrained"]
+__all__ = ["CORPORA", "prepare_data", "mlm_loss_fn", "mlm_flops_per_token", "pretrain", "evaluate_mlm", "load_run",
+           "load_pretrained"]
 
 CORPORA = ("wikipedia", "shakespeare", "kjv")
 
@@ -68,6 +69,19 @@ def mlm_loss_fn(sparse: bool) -> Callable:
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
 
     return loss_fn
+
+
+def mlm_flops_per_token(recipe: Recipe, model: MaskedLM) -> float:
+    """Training FLOPs per token, 6N + 12LTd (``llmedu.models.counting``), counting only what runs.
+
+    With sparse prediction the head's matmuls (dense and the d x vocab decoder) run on the masked
+    positions alone, so their N counts at ``mask_rate`` of the tokens; MFU computed from the full
+    count would credit the model with the ~85% of the decoder's work that it skips.
+    """
+    head = matmul_parameters(model.mlm_head)
+    body = matmul_parameters(model) - head
+    share = recipe.mask_rate if recipe.sparse_prediction else 1.0
+    return flops_per_token(recipe.model_config(), body + share * head, recipe.seq_len)
 
 
 @torch.no_grad()
@@ -159,7 +173,6 @@ def pretrain(out: str | Path, recipe: Recipe, budget: str | float | None = "30s"
     steps = history.steps
     tokens = sum(s.tokens for s in steps)
     seconds = sum(s.seconds for s in steps)
-    n_matmul = matmul_parameters(model)
     summary = {
         "recipe": recipe.name, "device": str(device), "precision": precision,
         "parameters": count_parameters(model), "steps": steps[-1].step if steps else start["step"],
@@ -170,7 +183,7 @@ def pretrain(out: str | Path, recipe: Recipe, budget: str | float | None = "30s"
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "train_loss": round(sum(s.loss for s in steps[-10:]) / len(steps[-10:]), 4) if steps else None,
         "val_loss": round(evaluate_mlm(model, val, eval_batches, precision, device), 4) if val else None,
-        "flops_per_token": flops_per_token(recipe.model_config(), n_matmul, recipe.seq_len),
+        "flops_per_token": mlm_flops_per_token(recipe, model),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     summary["history"] = history  # for notebooks: every step; not written to the JSON file
