@@ -72,8 +72,8 @@ class Recipe:
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     clip_grad_norm: float | None = 0.5
-    micro_batch: int = 32  # sequences per forward; 32 x 128 tokens keep a 2-core CPU's matmuls efficient
-    accumulation: int = 2  # micro-batches per step at full batch: 8,192 tokens on a CPU; CUDA_SHAPE: 196,608
+    micro_batch: int = 64  # sequences per forward: 64 x 128 tokens keep a 2-core CPU's small matmuls efficient
+    accumulation: int = 2  # micro-batches per step at full batch: 16,384 tokens on a CPU; CUDA_SHAPE: 196,608
     batch_ramp: float = 0.6  # the batch grows linearly to full over this fraction of the budget (0: fixed)
     precision: str = "auto"  # "auto": bf16 where the device multiplies it natively (see resolved_precision)
 
