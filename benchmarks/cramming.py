@@ -92,13 +92,13 @@ def throughput(recipe, device, repeats: int) -> dict:
             times[name].append(time.perf_counter() - start)
     tokens = recipe.micro_batch * recipe.seq_len
     peak = measure_matmul_flops("bf16", device=device).best
+    flops = {  # per token; ours runs its head on the masked positions only, BertForMaskedLM on every one
+        "crammed (ours)": mlm_flops_per_token(recipe, ours),
+        "BertForMaskedLM": flops_per_token(recipe.model_config(), matmul_parameters(theirs), recipe.seq_len),
+    }
     rows = {}
-    for name, model in (("crammed (ours)", ours), ("BertForMaskedLM", theirs)):
+    for name, fpt in flops.items():
         tps = tokens / statistics.median(times[name])
-        if model is ours:  # sparse prediction: the head's FLOPs count only at the masked positions
-            fpt = mlm_flops_per_token(recipe, ours)
-        else:  # BertForMaskedLM runs its head at every position
-            fpt = flops_per_token(recipe.model_config(), matmul_parameters(theirs), recipe.seq_len)
         rows[name] = {"tokens_per_s": round(tps, 1), "tokens_per_s_best": round(tokens / min(times[name]), 1),
                       "mfu": round(fpt * tps / peak, 4), "flops_per_token": fpt}
     rows["speed-up"] = round(rows["crammed (ours)"]["tokens_per_s"] / rows["BertForMaskedLM"]["tokens_per_s"], 3)
@@ -123,10 +123,11 @@ def run(budget: float | None = None, device=None, repeats: int | None = None) ->
     shape = TINY_SHAPE if small else CUDA_SHAPE if device.type == "cuda" else {}
     recipe = crammed(**shape)
     budget = budget or parse_budget("20s" if small else "2m")
-    speed = throughput(recipe, device, repeats or (5 if small else 20))
+    repeats = repeats or (5 if small else 20)
+    speed = throughput(recipe, device, repeats)
     losses = loss_at_budget(shape, budget, device, max_chars=100_000 if small else None)
     print(f"bf16 autocast, {device}, d={recipe.d_model}, {recipe.n_layers} layers, batch {recipe.micro_batch}x"
-          f"{recipe.seq_len}, {repeats or (5 if small else 20)} alternating repeats; measured bf16 matmul peak "
+          f"{recipe.seq_len}, {repeats} alternating repeats; measured bf16 matmul peak "
           f"{speed['peak_bf16_flops'] / 1e9:.1f} GFLOP/s")
     print(f"{'model':<18}{'tokens/s best':>15}{'tokens/s median':>17}{'FLOPs/token':>13}{'MFU (median)':>14}")
     for name in ("crammed (ours)", "BertForMaskedLM"):

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--from-scratch", action="store_true", help="same architecture from random weights: the control")
     f.add_argument("--epochs", type=int, default=FIXED.epochs, help=f"1 to 5 (default {FIXED.epochs})")
     f.add_argument("--max-train", type=int, default=None, help="use a random slice of this many training examples")
-    f.add_argument("--max-eval", type=int, default=None, help="evaluate on a fixed random slice of this many validation examples")
+    f.add_argument("--max-eval", type=int, default=None,
+                   help="evaluate on a fixed random slice of this many validation examples")
     f.add_argument("--seed", type=int, default=0, help="seed of the classifier head and the batch order")
     f.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 

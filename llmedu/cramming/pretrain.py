@@ -158,9 +158,9 @@ def pretrain(out: str | Path, recipe: Recipe, budget: str | float | None = "30s"
     start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
     clock = BudgetClock(budget_seconds, max_steps, elapsed=start["seconds"])
     precision = recipe.resolved_precision(device)
-    config = TrainConfig(max_steps=max_steps, max_seconds=budget_seconds, accumulation=budget_accumulation(recipe, clock),
-                         precision=precision, clip_grad_norm=recipe.clip_grad_norm,
-                         schedule=budget_schedule(recipe, clock), checkpoint_dir=checkpoints,
+    config = TrainConfig(max_steps=max_steps, max_seconds=budget_seconds, precision=precision,
+                         accumulation=budget_accumulation(recipe, clock), schedule=budget_schedule(recipe, clock),
+                         clip_grad_norm=recipe.clip_grad_norm, checkpoint_dir=checkpoints,
                          checkpoint_every=checkpoint_every, progress=progress)
     on_device = lambda i: {k: v.to(device, non_blocking=True) for k, v in data(i).items()}  # noqa: E731
     wall = time.perf_counter()

@@ -91,9 +91,10 @@ class Recipe:
         self.model_config()  # rejects impossible shapes now, not after the data is prepared
 
     def model_config(self) -> TransformerConfig:
+        hidden = self.d_ff // 2 if self.activation in GATED else self.d_ff  # value and gate share d_ff
         return TransformerConfig(
             vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-            d_ff=self.d_ff // 2 if self.activation in GATED else self.d_ff, max_seq_len=self.seq_len, position=self.position, norm="layernorm",
+            d_ff=hidden, max_seq_len=self.seq_len, position=self.position, norm="layernorm",
             norm_eps=1e-12, norm_placement=self.norm_placement, activation=self.activation, bias=self.bias,
             causal=False, type_vocab_size=0, embedding_norm=True, tie_embeddings=True,
             dropout=self.dropout, attn_impl=self.attn_impl, fused=self.fused)
