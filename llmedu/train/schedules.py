@@ -42,8 +42,8 @@ def constant() -> Schedule:
     return lambda step: 1.0
 
 
-def warmup_linear(warmup: int, total: int, final: float = 0.0) -> Schedule:
-    """Linear warm-up over ``warmup`` steps, then linear decay to ``final`` at step ``total``."""
+def _warmup_then(warmup: int, total: int, decay: Callable[[float], float]) -> Schedule:
+    """Linear warm-up over ``warmup`` steps, then ``decay(t)`` as t goes 0 -> 1 until step ``total``."""
     _check(warmup=warmup, total=total)
     if total <= warmup:
         raise ValueError(f"total ({total}) must be larger than warmup ({warmup})")
@@ -51,25 +51,19 @@ def warmup_linear(warmup: int, total: int, final: float = 0.0) -> Schedule:
     def factor(step: int) -> float:
         if step < warmup:
             return step / warmup
-        t = min(step - warmup, total - warmup) / (total - warmup)  # 0 -> 1
-        return 1.0 + (final - 1.0) * t
+        return decay(min(step - warmup, total - warmup) / (total - warmup))
 
     return factor
+
+
+def warmup_linear(warmup: int, total: int, final: float = 0.0) -> Schedule:
+    """Linear warm-up over ``warmup`` steps, then linear decay to ``final`` at step ``total``."""
+    return _warmup_then(warmup, total, lambda t: 1.0 + (final - 1.0) * t)
 
 
 def warmup_cosine(warmup: int, total: int, final: float = 0.0) -> Schedule:
     """Linear warm-up over ``warmup`` steps, then a half cosine down to ``final`` at ``total``."""
-    _check(warmup=warmup, total=total)
-    if total <= warmup:
-        raise ValueError(f"total ({total}) must be larger than warmup ({warmup})")
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return step / warmup
-        t = min(step - warmup, total - warmup) / (total - warmup)  # 0 -> 1
-        return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * t))
-
-    return factor
+    return _warmup_then(warmup, total, lambda t: final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * t)))
 
 
 def triangular(step_size: int, low: float) -> Schedule:
