@@ -6,14 +6,17 @@ fail with the message that says so, rather than skip, so that CI cannot pass on 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from llmedu.data import available_corpora, load_corpus, load_documents, reference_files
+from llmedu.data.classification import load_classification
 import llmedu.data.fetch as fetch_module
 from llmedu.data.fetch import ARCHIVES, MissingDataError, archive_path, cache_dir, fetch, read_member
 
@@ -74,7 +77,8 @@ def test_readme_records_the_same_checksums():
 
 # -- the corpora ---------------------------------------------------------------------------------
 # (name, documents in train + validation, at least this many words in train)
-EXPECTED = [("shakespeare", 38, 800_000), ("wikipedia", 106, 400_000), ("kjv", 66, 700_000)]
+EXPECTED = [("shakespeare", 38, 800_000), ("wikipedia", 106, 400_000), ("kjv", 66, 700_000),
+            ("speeches", 249, 190_000), ("tweets", 1830, 500_000), ("vader", 651, 180_000)]
 
 
 @pytest.mark.parametrize("name, n_documents, min_words", EXPECTED)
@@ -87,7 +91,7 @@ def test_corpus_split_is_whole_documents_one_in_ten(name, n_documents, min_words
     assert load_corpus(name, "validation") == "\n\n".join(validation)
 
 
-@pytest.mark.parametrize("name", [n for n, _, _ in EXPECTED])
+@pytest.mark.parametrize("name", ["shakespeare", "wikipedia", "kjv"])  # the sources written in markup
 def test_corpus_is_clean_plain_text(name):
     text = load_corpus(name) + load_corpus(name, "validation")
     for markup in ["{{", "}}", "[[", "]]", "<ref", "'''", "\\-", "\f", "\n\n\n", "&nbsp;", "&amp;"]:
@@ -103,10 +107,42 @@ def test_corpora_begin_where_the_sources_begin():
     assert load_documents("kjv")[0].startswith("Genesis\n\nIn the beginning God created the heaven and the earth.")
     assert load_documents("kjv", "validation")[0].startswith("2 Samuel\n")
     assert load_documents("wikipedia")[0].startswith("Anarchism\n\nAnarchism is a political philosophy")
+    assert load_documents("speeches")[0].startswith("BARACK OBAMA: Thank you.")
+    assert load_documents("tweets")[0].startswith("I just don't trust my life in google's hands")
+    assert load_documents("vader")[0].startswith("troubleshooting ad-2500 and ad-2600 no picture scrolling b/w.\n")
+    for name in ("tweets", "vader"):
+        documents = load_documents(name) + load_documents(name, "validation")
+        text = "\n".join(documents)  # one text per line, no blank line inside a document
+        assert not re.search(r"https?://|&amp;|&quot;|\f|\n\n", text), f"{name}: a link, an entity or a blank line"
+        lines = text.splitlines()
+        assert len(set(lines)) == len(lines), f"{name} repeats a text"
+    tweets = load_corpus("tweets")  # the mangled emoji are gone; the odd HTML entity decodes to a non-ASCII letter
+    assert sum(not ch.isascii() for ch in tweets) < 10, "Latin-1 debris of mangled emoji survived"
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+def test_no_corpus_holds_a_downstream_snippet():
+    """Pretraining must not see the downstream tasks' text. VADER's movie snippets are Rotten Tomatoes
+    sentences (Pang & Lee's), so its corpus leaves them out; the same matcher finds them when asked."""
+    snippets = {_normalised(t) for split in ("train", "validation")
+                for t in load_classification("rotten_tomatoes", split)[0]}
+    snippets = {t for t in snippets if len(t.split()) >= 6}  # a short phrase like "a waste of time" may recur
+    for name in available_corpora():
+        lines = {_normalised(line) for split in ("train", "validation")
+                 for doc in load_documents(name, split) for line in doc.splitlines()}
+        assert not snippets & lines, f"{name} holds Rotten Tomatoes snippets"
+    inner = read_member("vaderSentiment", "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(inner), mode="r:gz") as tf:
+        movie = tf.extractfile("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt").read().decode("utf-8")
+    left_out = {_normalised(line.split("\t", 2)[2]) for line in movie.splitlines() if line.count("\t") >= 2}
+    assert len(left_out & snippets) > 0.9 * len(left_out)  # why they are left out, and proof the matcher works
 
 
 def test_bad_names_are_clear_errors():
-    assert set(available_corpora()) == {"shakespeare", "wikipedia", "kjv"}
+    assert set(available_corpora()) == {"shakespeare", "wikipedia", "kjv", "speeches", "tweets", "vader"}
     with pytest.raises(KeyError, match="available: shakespeare"):
         load_corpus("tiny-shakespeare")
     with pytest.raises(ValueError, match="split"):

