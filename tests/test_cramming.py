@@ -185,6 +185,8 @@ def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
 def test_finetuning_rules(tmp_path):
     with pytest.raises(ValueError, match="1 to 5"):
         FinetuneSettings(epochs=6)
+    with pytest.raises(ValueError, match="dropout"):
+        FinetuneSettings(dropout=1.0)
     with pytest.raises(FileNotFoundError, match="run.json"):
         finetune(tmp_path)
 

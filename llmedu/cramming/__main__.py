@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .. import runtime
+from ..data import available_corpora
 from ..data.classification import available_classification
 from .finetune import FIXED, FinetuneSettings, finetune
 from .pretrain import CORPORA, pretrain
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="characters of each corpus the WordPiece vocabulary is learnt from (default 400000)")
     p.add_argument("--max-steps", type=int, default=None, help="also stop after this many optimizer steps")
     p.add_argument("--max-chars", type=int, default=None, help="use at most this many characters of each corpus")
-    p.add_argument("--corpora", nargs="+", default=list(CORPORA),
+    p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=sorted(available_corpora()),
                    help=f"corpora to train on (default: {' '.join(CORPORA)})")
     p.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default: the recipe's)")
     p.add_argument("--accumulation", type=int, default=None,

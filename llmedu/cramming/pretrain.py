@@ -42,7 +42,7 @@ from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule, p
 __all__ = ["CORPORA", "prepare_data", "mlm_loss_fn", "mlm_flops_per_token", "pretrain", "evaluate_mlm", "load_run",
            "load_pretrained"]
 
-CORPORA = ("wikipedia", "shakespeare", "kjv")
+CORPORA = ("wikipedia", "shakespeare", "kjv", "speeches", "tweets", "vader")
 
 
 def prepare_data(recipe: Recipe, corpora: Sequence[str] = CORPORA, max_chars: int | None = None,
