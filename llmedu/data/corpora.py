@@ -47,7 +47,7 @@ from typing import Callable
 
 from .fetch import cache_dir, list_members, read_member, write_atomically
 
-__all__ = ["available_corpora", "load_documents", "load_corpus", "reference_files", "REFERENCES"]
+__all__ = ["available_corpora", "load_documents", "load_corpus", "reference_files", "REFERENCES", "vader_snippets"]
 
 _FORMAT = "v1"  # bump when the cleaning changes, so that stale cached text is not reused
 _SEPARATOR = "\f"  # a form feed (page break) between cached documents; cleaning removes it from text
@@ -179,19 +179,22 @@ def _tweets() -> list[str]:
 _VADER_FILES = ("amazonReviewSnippets", "nytEditorialSnippets", "tweets")  # not movieReviewSnippets: see below
 
 
-def _vader() -> list[str]:
-    """The rated snippets of Hutto & Gilbert (2014), VADER's paper, less its movie-review snippets.
-
-    Those are Pang & Lee's Rotten Tomatoes sentences, the downstream task's own text, so pretraining
-    must never see them. A row is ``id<TAB>rating<TAB>text``; the ratings are not read.
-    """
+def vader_snippets(names: tuple[str, ...]) -> list[str]:
+    """The texts of the rated-snippet files ``names`` (e.g. "tweets") of Hutto & Gilbert (2014), VADER's
+    paper, in file order. A row is ``id<TAB>rating<TAB>text``; the ratings are not read."""
     inner = read_member("vaderSentiment", "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
     texts = []
     with tarfile.open(fileobj=io.BytesIO(inner), mode="r:gz") as tf:
-        for name in _VADER_FILES:
+        for name in names:
             lines = tf.extractfile(f"hutto_ICWSM_2014/{name}_GroundTruth.txt").read().decode("utf-8").splitlines()
             texts += [line.split("\t", 2)[2] for line in lines if line.count("\t") >= 2]
-    return _short_texts(texts, per_document=20)
+    return texts
+
+
+def _vader() -> list[str]:
+    """VADER's snippets less its movie-review ones: those are Pang & Lee's Rotten Tomatoes sentences,
+    the downstream task's own text, so pretraining must never see them."""
+    return _short_texts(vader_snippets(_VADER_FILES), per_document=20)
 
 
 # -- the public face -----------------------------------------------------------------------------------
