@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmedu.peft import (MultiLoRAModel, PrefixTuning, PromptTuning, adapter_state_dict, adapters_disabled,
                          apply_adapters, apply_llama_adapter, apply_lora, count_parameters, load_adapter,
@@ -21,14 +21,6 @@ def llama():
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return LlamaForCausalLM(config).eval()
-
-
-@pytest.fixture(scope="module")
-def bert():
-    torch.manual_seed(1)
-    config = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        max_position_embeddings=64, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return BertForSequenceClassification(config).eval()
 
 
 IDS = torch.randint(0, 64, (3, 6), generator=torch.Generator().manual_seed(3))
@@ -56,8 +48,8 @@ def randomise_lora(model, seed=0):
     ("bert", lambda m: apply_adapters(m, r".*\.output\.dense", bottleneck=8)),
     ("bert", lambda m: apply_llama_adapter(m, "attention.self", n_layers=1, n_prompt=3)),
 ])
-def test_identity_at_init(family, method, llama, bert):
-    base = llama if family == "llama" else bert
+def test_identity_at_init(family, method, llama, tiny_bert):
+    base = llama if family == "llama" else tiny_bert
     adapted = copy.deepcopy(base)
     method(adapted)
     assert torch.equal(logits(adapted), logits(base))
@@ -65,13 +57,13 @@ def test_identity_at_init(family, method, llama, bert):
     assert 0 < trainable < total / 10
 
 
-def test_llama_adapter_gate_is_what_keeps_the_identity(bert):
-    adapted = copy.deepcopy(bert)
+def test_llama_adapter_gate_is_what_keeps_the_identity(tiny_bert):
+    adapted = copy.deepcopy(tiny_bert)
     apply_llama_adapter(adapted, "attention.self", n_layers=1, n_prompt=3)
     with torch.no_grad():
         adapted.bert.encoder.layer[1].attention.self.adaption_gate.fill_(0.5)
     with torch.no_grad():  # hidden states: the random classifier head would shrink any difference
-        assert (adapted.bert(IDS).last_hidden_state - bert.bert(IDS).last_hidden_state).abs().max() > 1e-3  # rounding is ~1e-6
+        assert (adapted.bert(IDS).last_hidden_state - tiny_bert.bert(IDS).last_hidden_state).abs().max() > 1e-3  # rounding is ~1e-6
 
 
 # -- training touches only the adapter -------------------------------------------------------------------
@@ -179,17 +171,17 @@ def test_two_lora_adapters_served_in_one_batch(llama):
         served(["pos", "other"], input_ids=IDS[:2])
 
 
-def test_served_adapters_keep_their_own_trained_heads(bert):
+def test_served_adapters_keep_their_own_trained_heads(tiny_bert):
     adapters = {}
     for seed, name in enumerate(["a", "b"]):
-        model = copy.deepcopy(bert)
+        model = copy.deepcopy(tiny_bert)
         apply_lora(model, ["query", "value"], r=2)
         mark_trainable(model, "classifier")
         randomise_lora(model, seed)
         with torch.no_grad():
             model.classifier.weight.normal_(generator=torch.Generator().manual_seed(seed))
         adapters[name] = model
-    served = MultiLoRAModel(bert, adapters)
+    served = MultiLoRAModel(tiny_bert, adapters)
     with torch.no_grad():
         mixed = served(["b", "a", "b"], input_ids=IDS).logits
     for row, name in enumerate(["b", "a", "b"]):

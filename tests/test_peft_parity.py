@@ -11,7 +11,7 @@ import copy
 import peft
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmedu.peft import (AdaptionPromptAttention, LoRALinear, PrefixTuning, PromptTuning, apply_llama_adapter,
                          apply_lora, count_parameters, mark_trainable)
@@ -25,14 +25,6 @@ def llama():
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return LlamaForCausalLM(config).eval()
-
-
-@pytest.fixture(scope="module")
-def bert():
-    torch.manual_seed(1)
-    config = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        max_position_embeddings=64, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return BertForSequenceClassification(config).eval()
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +51,8 @@ def logits_difference(theirs, ours, batch):
 
 
 @pytest.mark.parametrize("family,targets", [("llama", ["q_proj", "v_proj"]), ("bert", ["query", "value"])])
-def test_lora_matches_peft(family, targets, llama, bert, batch):
-    base = llama if family == "llama" else bert
+def test_lora_matches_peft(family, targets, llama, tiny_bert, batch):
+    base = llama if family == "llama" else tiny_bert
     task = "CAUSAL_LM" if family == "llama" else "SEQ_CLS"
     theirs = peft_model(base, peft.LoraConfig(task_type=task, r=4, lora_alpha=8, target_modules=targets))
     their_params = dict(theirs.named_parameters())
@@ -106,9 +98,9 @@ def test_prefix_tuning_matches_peft(projection, llama, batch):
     assert logits_difference(theirs, ours, batch) < ATOL
 
 
-def test_prefix_tuning_on_bert_matches_peft(bert, batch):
-    theirs = peft_model(bert, peft.PrefixTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=3))
-    ours = PrefixTuning(copy.deepcopy(bert), n_virtual=3).eval()
+def test_prefix_tuning_on_bert_matches_peft(tiny_bert, batch):
+    theirs = peft_model(tiny_bert, peft.PrefixTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=3))
+    ours = PrefixTuning(copy.deepcopy(tiny_bert), n_virtual=3).eval()
     with torch.no_grad():
         ours.prefix.copy_(theirs.prompt_encoder.default.embedding.weight)
     assert logits_difference(theirs, ours, batch) < ATOL

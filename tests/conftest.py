@@ -1,0 +1,16 @@
+"""Fixtures shared by several test files (the settings for every test are in the root conftest.py)."""
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+    """A tiny random ``transformers`` BERT classifier (2 layers, width 32, 2 labels, no dropout), in eval
+    mode: the PEFT tests adapt copies of it. One per test module, so no module sees another's changes."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        max_position_embeddings=64, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertForSequenceClassification(config).eval()
