@@ -159,7 +159,10 @@ def _unescape(text: str) -> str:
     return text
 
 
-def _short_texts(texts: list[str], per_document: int) -> list[str]:
+_PER_DOCUMENT = 20  # short texts joined, one per line, into each document
+
+
+def _short_texts(texts: list[str], per_document: int = _PER_DOCUMENT) -> list[str]:
     """Short texts (tweets, snippets) -> documents of ``per_document`` texts, one per line, duplicates
     dropped: packing puts a [SEP] between documents, not between the lines of one."""
     unique = list(dict.fromkeys(t for t in (re.sub(r"\s+", " ", _URL.sub("", _unescape(t))).strip()
@@ -173,7 +176,7 @@ def _tweets() -> list[str]:
     rows = csv.DictReader(io.StringIO(text.decode("latin-1")))
     # the file holds emoji mangled into Latin-1 debris ("_\xd5_"): keep printable ASCII, drop lone underscores
     texts = [re.sub(r"(?<!\S)_+(?!\S)", " ", re.sub(r"[^\x20-\x7e]+", " ", row["text"])) for row in rows]
-    return _short_texts(texts, per_document=20)
+    return _short_texts(texts)
 
 
 _VADER_FILES = ("amazonReviewSnippets", "nytEditorialSnippets", "tweets")  # not movieReviewSnippets: see below
@@ -194,7 +197,7 @@ def vader_snippets(names: tuple[str, ...]) -> list[str]:
 def _vader() -> list[str]:
     """VADER's snippets less its movie-review ones: those are Pang & Lee's Rotten Tomatoes sentences,
     the downstream task's own text, so pretraining must never see them."""
-    return _short_texts(vader_snippets(_VADER_FILES), per_document=20)
+    return _short_texts(vader_snippets(_VADER_FILES))
 
 
 # -- the public face -----------------------------------------------------------------------------------
