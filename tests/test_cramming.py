@@ -1,12 +1,13 @@
 """Cramming end to end on a small slice: budget, checkpoints, exact resume, clear errors, fine-tuning."""
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
 
 from llmedu.cramming.__main__ import main
-from llmedu.cramming.finetune import FinetuneSettings, finetune
+from llmedu.cramming.finetune import AUTHORS, FIXED, FinetuneSettings, finetune
 from llmedu.cramming.pretrain import load_pretrained, mlm_flops_per_token, mlm_loss_fn, pretrain
 from llmedu.cramming.recipe import (ABLATIONS, TINY_SHAPE, BudgetClock, budget_accumulation, budget_schedule, crammed,
                                    original_bert, parse_budget)
@@ -180,6 +181,13 @@ def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
     result = main(["finetune", "--checkpoint", out, "--epochs", "1", "--max-train", "96", "--max-eval", "64"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert result["init"] == "pretrained" and result["steps"] == 3 and 0 <= result["accuracy"] <= 1
+    assert result["settings"] == {**asdict(FIXED), "epochs": 1}
+
+    # the authors' settings, with the batch overridden: 96 examples in batches of 48 are 2 steps
+    result = main(["finetune", "--checkpoint", out, "--settings", "authors", "--batch-size", "48", "--epochs", "1",
+                   "--max-train", "96", "--max-eval", "64", "--from-scratch"])
+    assert result["init"] == "random" and result["steps"] == 2
+    assert result["settings"] == {**asdict(AUTHORS), "epochs": 1, "batch_size": 48}
 
 
 def test_finetuning_rules(tmp_path):
@@ -187,6 +195,10 @@ def test_finetuning_rules(tmp_path):
         FinetuneSettings(epochs=6)
     with pytest.raises(ValueError, match="dropout"):
         FinetuneSettings(dropout=1.0)
+    with pytest.raises(ValueError, match="schedule"):
+        FinetuneSettings(schedule="constant")
+    with pytest.raises(ValueError, match="lr must be positive"):
+        FinetuneSettings(lr=0.0)
     with pytest.raises(FileNotFoundError, match="run.json"):
         finetune(tmp_path)
 

@@ -3,6 +3,7 @@
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
     python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
+    python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes --from-scratch  # the control
     python -m llmedu.cramming bench
 
 Progress goes to stderr; the last line of stdout is one line of JSON with the command's key figures.
@@ -14,12 +15,13 @@ import argparse
 import json
 import runpy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .. import runtime
 from ..data import available_corpora
 from ..data.classification import available_classification
-from .finetune import FIXED, FinetuneSettings, finetune
+from .finetune import AUTHORS, FIXED, finetune
 from .pretrain import CORPORA, pretrain
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
 
@@ -65,7 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--task", default="rotten_tomatoes", choices=sorted(available_classification()),
                    help="labelled task: rotten_tomatoes (sentiment, 2 classes) or bbc_news (5 topics)")
     f.add_argument("--from-scratch", action="store_true", help="same architecture from random weights: the control")
+    f.add_argument("--settings", choices=("fixed", "authors"), default="fixed",
+                   help="fixed: lr 1e-4, batch 32, linear decay (the course's, for every model); authors: lr 4e-5, "
+                        "batch 16, cosine decay (Geiping & Goldstein's GLUE setting)")
     f.add_argument("--epochs", type=int, default=FIXED.epochs, help=f"1 to 5 (default {FIXED.epochs})")
+    f.add_argument("--lr", type=float, default=None, help="override the settings' learning rate (to study them)")
+    f.add_argument("--batch-size", type=int, default=None, help="override the settings' batch size (to study them)")
     f.add_argument("--max-train", type=int, default=None, help="use a random slice of this many training examples")
     f.add_argument("--max-eval", type=int, default=None,
                    help="evaluate on a fixed random slice of this many validation examples")
@@ -101,7 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
                           device=device, checkpoint_every=args.checkpoint_every, seed=args.seed)
         result.pop("history")
     elif args.command == "finetune":
-        settings = FinetuneSettings(**{**FIXED.__dict__, "epochs": args.epochs})
+        overrides = {k: v for k, v in (("lr", args.lr), ("batch_size", args.batch_size)) if v is not None}
+        base = AUTHORS if args.settings == "authors" else FIXED
+        settings = replace(base, epochs=args.epochs, **overrides)
         result = finetune(args.checkpoint, args.task, from_scratch=args.from_scratch, settings=settings,
                           max_train=args.max_train, max_eval=args.max_eval, device=device, seed=args.seed)
     else:
