@@ -21,7 +21,7 @@ from pathlib import Path
 from .. import runtime
 from ..data import available_corpora
 from ..data.classification import available_classification
-from .finetune import AUTHORS, FIXED, finetune
+from .finetune import FIXED, SETTINGS, finetune
 from .pretrain import CORPORA, pretrain
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
 
@@ -67,9 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--task", default="rotten_tomatoes", choices=sorted(available_classification()),
                    help="labelled task: rotten_tomatoes (sentiment, 2 classes) or bbc_news (5 topics)")
     f.add_argument("--from-scratch", action="store_true", help="same architecture from random weights: the control")
-    f.add_argument("--settings", choices=("fixed", "authors"), default="fixed",
-                   help="fixed: lr 1e-4, batch 32, linear decay (the course's, for every model); authors: lr 4e-5, "
-                        "batch 16, cosine decay (Geiping & Goldstein's GLUE setting)")
+    described = "; ".join(f"{name}: lr {s.lr:.0e}, batch {s.batch_size}, {s.schedule} decay"
+                          for name, s in SETTINGS.items())
+    f.add_argument("--settings", choices=sorted(SETTINGS), default="fixed",
+                   help=f"fine-tuning settings: fixed is the course's, for every model; authors is Geiping & "
+                        f"Goldstein's GLUE setting ({described})")
     f.add_argument("--epochs", type=int, default=FIXED.epochs, help=f"1 to 5 (default {FIXED.epochs})")
     f.add_argument("--lr", type=float, default=None, help="override the settings' learning rate (to study them)")
     f.add_argument("--batch-size", type=int, default=None, help="override the settings' batch size (to study them)")
@@ -109,8 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         result.pop("history")
     elif args.command == "finetune":
         overrides = {k: v for k, v in (("lr", args.lr), ("batch_size", args.batch_size)) if v is not None}
-        base = AUTHORS if args.settings == "authors" else FIXED
-        settings = replace(base, epochs=args.epochs, **overrides)
+        settings = replace(SETTINGS[args.settings], epochs=args.epochs, **overrides)
         result = finetune(args.checkpoint, args.task, from_scratch=args.from_scratch, settings=settings,
                           max_train=args.max_train, max_eval=args.max_eval, device=device, seed=args.seed)
     else:

@@ -15,8 +15,9 @@ False`` in their ``bert-o4`` settings), so their fine-tuning, in train mode, has
 
 The verdict against random weights depends on the fixed settings. The control is far more sensitive
 to the learning rate than the pretrained encoder: at a low rate it learns nothing from a small labelled
-set, so a low fixed rate flatters pretraining. Lesson 18 has the measurements. ``FIXED`` (lr 1e-4, batch 32, linear decay) was chosen before any comparison was run;
-``AUTHORS`` is the authors' own GLUE setting (``eval/GLUE_sane.yaml``: lr 4e-5, batch 16, cosine decay).
+set, so a low fixed rate flatters pretraining. Lesson 18 has the measurements. ``FIXED`` (lr 1e-4,
+batch 32, linear decay) was chosen before any comparison was run; ``AUTHORS`` is the authors' own GLUE
+setting (``eval/GLUE_sane.yaml``: lr 4e-5, batch 16, cosine decay). ``SETTINGS`` names both.
 
 Left out: GLUE's other tasks and its test server, sentence-pair tasks, and the paper's averaging
 over several fine-tuning seeds.
@@ -38,7 +39,7 @@ from ..train import TrainConfig, train
 from ..train.schedules import warmup_cosine, warmup_linear
 from .pretrain import load_pretrained, load_run
 
-__all__ = ["FinetuneSettings", "FIXED", "AUTHORS", "encode_texts", "finetune"]
+__all__ = ["FinetuneSettings", "FIXED", "AUTHORS", "SETTINGS", "encode_texts", "finetune"]
 
 
 _SCHEDULES = {"linear": warmup_linear, "cosine": warmup_cosine}
@@ -68,6 +69,7 @@ class FinetuneSettings:
 
 FIXED = FinetuneSettings()  # the one setting every model is fine-tuned with
 AUTHORS = FinetuneSettings(lr=4e-5, batch_size=16, schedule="cosine")  # Geiping & Goldstein's GLUE setting
+SETTINGS = {"fixed": FIXED, "authors": AUTHORS}  # by name, for the command line
 
 
 def encode_texts(tokenizer: WordPieceTokenizer, texts: list[str], max_len: int) -> list[list[int]]:
