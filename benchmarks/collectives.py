@@ -22,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from llmedu.dist import launch, ring_all_reduce
+from llmedu.parallel import launch, ring_all_reduce
 
 CLAIM_RATIO, CLAIM_RANKS, CLAIM_BYTES = 0.7, 4, 64 * 2**20
 

@@ -7,7 +7,7 @@ Each stage is a small linear layer followed by a fixed **sleep**: ``--forward-ms
 twice that in backward (the usual 1:2 ratio). A sleep, unlike a matmul, takes the same time on a
 machine whose cores are shared with other work, so the compute time dominates the noise and the
 bubble is the schedule's, not the scheduler's. Stages pass real activations with send/recv
-(``llmedu.dist.pipeline_parallel.Pipeline``); one warm-up step, then ``--repeats`` timed steps between
+(``llmedu.parallel.pipeline_parallel.Pipeline``); one warm-up step, then ``--repeats`` timed steps between
 barriers, of which the fastest is kept (the one least disturbed by other work on the machine).
 
 Measured bubble = 1 - (time each stage spends in forward/backward) / (p x step time), from the
@@ -25,8 +25,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from llmedu.dist import launch
-from llmedu.dist.pipeline_parallel import Pipeline, SleepStage, bubble_fraction, theoretical_bubble
+from llmedu.parallel import launch
+from llmedu.parallel.pipeline_parallel import Pipeline, SleepStage, bubble_fraction, theoretical_bubble
 
 CLAIM_POINTS = 5.0
 WIDTH, MICRO_ROWS, NAIVE_MAX_M = 64, 4, 4

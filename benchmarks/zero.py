@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from llmedu.dist import launch
+from llmedu.parallel import launch
 
 WRAPPERS = ("ddp", "zero1", "zero2", "zero3", "offload")
 
@@ -51,9 +51,9 @@ def count_bytes_sent() -> dict[str, int]:
 
 
 def worker(d_model: int, layers: int, steps: int) -> dict:
-    from llmedu.dist.data_parallel import DDP
-    from llmedu.dist.offload import ZeROOffload
-    from llmedu.dist.zero import ZeRO
+    from llmedu.parallel.data_parallel import DDP
+    from llmedu.parallel.offload import ZeROOffload
+    from llmedu.parallel.zero import ZeRO
     from llmedu.memory import MemoryTracker
     from llmedu.models.config import TransformerConfig
     from llmedu.models.gpt import CausalLM

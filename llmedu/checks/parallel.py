@@ -10,8 +10,8 @@ from typing import Callable
 
 import torch
 
-from ..dist.mesh import rank_of
-from ..dist.pipeline_parallel import partition, schedule, theoretical_bubble
+from ..parallel.mesh import rank_of
+from ..parallel.pipeline_parallel import partition, schedule, theoretical_bubble
 from .core import CheckResult, Grader
 
 __all__ = [

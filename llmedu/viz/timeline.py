@@ -2,7 +2,7 @@
 
 The input is a flat list of events, each a mapping with ``rank``, ``lane`` (``"compute"`` or
 ``"comm"``), ``label``, ``start`` and ``end`` (seconds), as recorded by the wrappers of
-``llmedu.dist.data_parallel`` and gathered from every rank by ``launch``. Each rank gets two
+``llmedu.parallel.data_parallel`` and gathered from every rank by ``launch``. Each rank gets two
 rows, compute above communication, so overlap (or its absence) shows as bars stacked in time.
 This module only draws; it knows nothing of how the events were made.
 """

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from llmedu.dist import launch
-from llmedu.dist.data_parallel import DDP, NaiveDataParallel, assign_buckets
+from llmedu.parallel import launch
+from llmedu.parallel.data_parallel import DDP, NaiveDataParallel, assign_buckets
 
 BATCH, STEPS, ATOL = 24, 4, 1e-6
 

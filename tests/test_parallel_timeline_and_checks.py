@@ -9,15 +9,15 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from llmedu.checks.dist import (  # noqa: E402
+from llmedu.checks.collectives import (  # noqa: E402
     check_assign_buckets,
     check_hidden_communication,
     check_ring_all_reduce,
     check_ring_all_reduce_bytes,
     check_tree_schedule,
 )
-from llmedu.dist.collectives import ring_all_reduce, ring_all_reduce_bytes, tree_schedule  # noqa: E402
-from llmedu.dist.data_parallel import assign_buckets, hidden_communication  # noqa: E402
+from llmedu.parallel.collectives import ring_all_reduce, ring_all_reduce_bytes, tree_schedule  # noqa: E402
+from llmedu.parallel.data_parallel import assign_buckets, hidden_communication  # noqa: E402
 from llmedu.viz.timeline import plot_timeline  # noqa: E402
 
 EVENTS = [

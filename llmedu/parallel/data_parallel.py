@@ -29,7 +29,6 @@ step, gradient compression hooks, mixed-precision all-reduce.
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -37,34 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["EventLog", "NaiveDataParallel", "DDP", "assign_buckets", "hidden_communication"]
+from .events import EventLog
 
-
-class EventLog:
-    """Spans of work on this rank: dicts with rank, lane ("compute"/"comm"), label, start, end."""
-
-    def __init__(self):
-        self.events: list[dict] = []
-        self.rank = dist.get_rank()
-        self.t0 = time.perf_counter()
-
-    def restart(self) -> None:
-        """Forget the events; time 0 is now, taken just after a barrier so that ranks line up."""
-        dist.barrier()
-        self.events.clear()
-        self.t0 = time.perf_counter()
-
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def add(self, lane: str, label: str, start: float, end: float) -> None:
-        self.events.append(dict(rank=self.rank, lane=lane, label=label, start=start, end=end))
-
-    @contextmanager
-    def span(self, lane: str, label: str) -> Iterator[None]:
-        start = self.now()
-        yield
-        self.add(lane, label, start, self.now())
+__all__ = ["NaiveDataParallel", "DDP", "assign_buckets", "hidden_communication"]
 
 
 class _DataParallel(nn.Module):
@@ -73,7 +47,7 @@ class _DataParallel(nn.Module):
     def __init__(self, module: nn.Module):
         super().__init__()
         if not dist.is_initialized():
-            raise RuntimeError("data parallelism needs torch.distributed initialised (use llmedu.dist.launch)")
+            raise RuntimeError("data parallelism needs torch.distributed initialised (use llmedu.parallel.launch)")
         self.module = module
         self.log = EventLog()
         self.world_size = dist.get_world_size()

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from llmedu.data.corpora import load_corpus
-from llmedu.dist import launch
-from llmedu.dist.mesh import byte_batches, make_mesh, rank_of, train_3d
+from llmedu.parallel import launch
+from llmedu.parallel.mesh import byte_batches, make_mesh, rank_of, train_3d
 from llmedu.models import CausalLM, TransformerConfig
 from llmedu.models.gpt import lm_loss
 

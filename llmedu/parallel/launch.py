@@ -133,7 +133,7 @@ def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, ec
         folder = Path(tmp)
         (folder / "job.pkl").write_bytes(cloudpickle.dumps((worker, args, kwargs)))
         env = _child_environment(world_size, backend, timeout)
-        code = "from llmedu.dist.launch import _child_main; _child_main()"
+        code = "from llmedu.parallel.launch import _child_main; _child_main()"
         procs = []
         try:
             for rank in range(world_size):

@@ -38,7 +38,7 @@ from torch import nn
 
 from ..models.gpt import CausalLM
 from ..nn.positions import rope_cos_sin
-from .data_parallel import EventLog
+from .events import EventLog
 
 __all__ = ["SCHEDULES", "schedule", "partition", "PipelineStage", "Pipeline", "SleepStage", "bubble_fraction",
            "theoretical_bubble"]

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llmedu.dist import launch
-from llmedu.dist.pipeline_parallel import Pipeline, PipelineStage, partition, schedule
+from llmedu.parallel import launch
+from llmedu.parallel.pipeline_parallel import Pipeline, PipelineStage, partition, schedule
 from llmedu.models import CausalLM, TransformerConfig
 from llmedu.models.gpt import lm_loss
 
@@ -166,8 +166,8 @@ def test_partition_balances_costs_and_refuses_bad_cuts():
 
 def test_graders_of_lessons_11_to_13_pass_the_reference_and_fail_a_mistake():
     from llmedu.checks import parallel as checks
-    from llmedu.dist.mesh import rank_of
-    from llmedu.dist.pipeline_parallel import theoretical_bubble
+    from llmedu.parallel.mesh import rank_of
+    from llmedu.parallel.pipeline_parallel import theoretical_bubble
 
     def row_split(x, w, n):
         return [xi @ wi for xi, wi in zip(x.chunk(n, -1), w.chunk(n, 0))]

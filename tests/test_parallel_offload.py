@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from llmedu.dist import launch
-from llmedu.dist.offload import ZeROOffload
-from llmedu.dist.zero import ZeRO
+from llmedu.parallel import launch
+from llmedu.parallel.offload import ZeROOffload
+from llmedu.parallel.zero import ZeRO
 
 LR, CLIP, STEPS, ACCUM = 1e-2, 0.05, 3, 2
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llmedu.dist import (
+from llmedu.parallel import (
     all_gather,
     broadcast,
     gather,
@@ -24,7 +24,7 @@ from llmedu.dist import (
     scatter,
     traffic,
 )
-from llmedu.dist.collectives import ring_all_reduce_bytes, tree_schedule
+from llmedu.parallel.collectives import ring_all_reduce_bytes, tree_schedule
 
 SHAPES = [(1,), (2,), (7,), (1000,), (1001,), (3, 5), (5, 3, 2)]  # sizes below N, uneven, 2-D, 3-D
 ROOTED_SHAPES = [(1,), (7,), (5, 3, 2)]  # broadcast, reduce, gather, scatter: every root, fewer shapes

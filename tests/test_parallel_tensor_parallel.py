@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llmedu.dist import launch
-from llmedu.dist.tensor_parallel import (
+from llmedu.parallel import launch
+from llmedu.parallel.tensor_parallel import (
     ParallelAttention,
     ParallelMLP,
     shard,

@@ -13,9 +13,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..dist.collectives import ring_all_reduce_bytes
-from ..dist.data_parallel import assign_buckets, hidden_communication
-from ..dist.launch import WorkerError, launch
+from ..parallel.collectives import ring_all_reduce_bytes
+from ..parallel.data_parallel import assign_buckets, hidden_communication
+from ..parallel.launch import WorkerError, launch
 from .core import CheckResult, Grader
 
 __all__ = [

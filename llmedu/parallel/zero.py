@@ -166,7 +166,7 @@ class ZeRO(nn.Module):
                 f"among {[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}"
             )
         if not dist.is_initialized():
-            raise RuntimeError("ZeRO needs torch.distributed initialised (run it under llmedu.dist.launch or torchrun)")
+            raise RuntimeError("ZeRO needs torch.distributed initialised (run it under llmedu.parallel.launch or torchrun)")
         if max_grad_norm is not None and max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm!r}")
         self.module, self.stage, self.max_grad_norm, self.prefetch = module, stage, max_grad_norm, prefetch

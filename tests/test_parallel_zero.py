@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from llmedu.dist import launch
-from llmedu.dist.zero import ZeRO
+from llmedu.parallel import launch
+from llmedu.parallel.zero import ZeRO
 
 STEPS, ACCUM, LR, CLIP = 3, 2, 1e-2, 0.05  # CLIP is small enough that clipping really happens
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llmedu.dist import WorkerError, launch
+from llmedu.parallel import WorkerError, launch
 
 
 def _gone(pid: int) -> bool:
@@ -98,7 +98,7 @@ def test_the_same_worker_runs_under_torchrun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
-        from llmedu.dist import launch, ring_all_reduce
+        from llmedu.parallel import launch, ring_all_reduce
 
         def worker(n):
             x = torch.full((n,), float(dist.get_rank() + 1))

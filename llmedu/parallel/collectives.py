@@ -292,7 +292,7 @@ def _shapes_everywhere(tensor: torch.Tensor, what: str, dim0_may_differ: bool = 
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
     if not dist.is_initialized():
-        raise RuntimeError(f"{what}: torch.distributed is not initialised (run it through llmedu.dist.launch)")
+        raise RuntimeError(f"{what}: torch.distributed is not initialised (run it through llmedu.parallel.launch)")
     n, width = dist.get_world_size(), 2 + _MAX_DIMS
     table = torch.full((n, width), -1, dtype=torch.int64, device=tensor.device)
     mine = table[dist.get_rank()]
