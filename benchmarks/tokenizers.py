@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Encoding throughput with GPT-2's vocabulary (a fresh tokenizer each repeat: no warm chunk cache).
     files = reference_files("gpt2")
-    from transformers import GPT2TokenizerFast
     import tiktoken
+    from transformers import GPT2TokenizerFast
 
     hf_gpt2 = GPT2TokenizerFast.from_pretrained(files["vocab.json"].parent)
     byte_of = {c: b for b, c in bytes_to_unicode().items()}

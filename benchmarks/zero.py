@@ -51,14 +51,14 @@ def count_bytes_sent() -> dict[str, int]:
 
 
 def worker(d_model: int, layers: int, steps: int) -> dict:
-    from llmedu.parallel.data_parallel import DDP
-    from llmedu.parallel.offload import ZeROOffload
-    from llmedu.parallel.zero import ZeRO
     from llmedu.memory import MemoryTracker
     from llmedu.models.config import TransformerConfig
     from llmedu.models.gpt import CausalLM
+    from llmedu.parallel.data_parallel import DDP
+    from llmedu.parallel.offload import ZeROOffload
+    from llmedu.parallel.zero import ZeRO
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     sent = count_bytes_sent()
     config = TransformerConfig(vocab_size=256, d_model=d_model, n_layers=layers, n_heads=4, tie_embeddings=False)
     g = torch.Generator().manual_seed(rank)

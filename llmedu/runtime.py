@@ -123,7 +123,7 @@ class Timer:
     seconds: float = 0.0
     laps: list[float] = field(default_factory=list)
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         synchronize(self.device)
         self._start = self._last = time.perf_counter()
         return self

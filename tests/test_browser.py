@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from playwright.sync_api import sync_playwright
-
 from browser import notebook_page
 from browser.jupyterlab import REPO, JupyterLab
+from playwright.sync_api import sync_playwright
 
 pytestmark = pytest.mark.browser
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+import llmedu.data.fetch as fetch_module
 from llmedu.data import available_corpora, load_corpus, load_documents, reference_files
 from llmedu.data.classification import load_classification
 from llmedu.data.corpora import vader_snippets
-import llmedu.data.fetch as fetch_module
 from llmedu.data.fetch import ARCHIVES, MissingDataError, archive_path, cache_dir, fetch, read_member
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,8 +9,16 @@ import torch
 from llmedu.cramming.__main__ import main
 from llmedu.cramming.finetune import AUTHORS, FIXED, FinetuneSettings, finetune
 from llmedu.cramming.pretrain import load_pretrained, mlm_flops_per_token, mlm_loss_fn, pretrain
-from llmedu.cramming.recipe import (ABLATIONS, TINY_SHAPE, BudgetClock, budget_accumulation, budget_schedule, crammed,
-                                   original_bert, parse_budget)
+from llmedu.cramming.recipe import (
+    ABLATIONS,
+    TINY_SHAPE,
+    BudgetClock,
+    budget_accumulation,
+    budget_schedule,
+    crammed,
+    original_bert,
+    parse_budget,
+)
 from llmedu.data.packing import mask_tokens
 from llmedu.models import MaskedLM
 from llmedu.models.bert import mlm_loss

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from transformers import LlamaConfig
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.t5.modeling_t5 import T5Attention
-from transformers import LlamaConfig
 
 from llmedu.nn.positions import (
     ALiBi,

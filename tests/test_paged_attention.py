@@ -10,9 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmedu.inference import BlockAllocator, ContinuousBatcher, OutOfBlocks, PagedBatch, PagedKVCache, Request, paged_attention
+from llmedu.inference import (
+    BlockAllocator,
+    ContinuousBatcher,
+    OutOfBlocks,
+    PagedBatch,
+    PagedKVCache,
+    Request,
+    paged_attention,
+)
 from llmedu.models import CausalLM, TransformerConfig
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: see conftest.py
 

@@ -9,13 +9,12 @@ loss by 1e-2 after one step.
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from llmedu.data.corpora import load_corpus
-from llmedu.parallel import launch
-from llmedu.parallel.mesh import byte_batches, make_mesh, rank_of, train_3d
 from llmedu.models import CausalLM, TransformerConfig
 from llmedu.models.gpt import lm_loss
+from llmedu.parallel import launch
+from llmedu.parallel.mesh import byte_batches, make_mesh, rank_of, train_3d
 
 STEPS, BATCH, SEQ, LR, ATOL = 5, 8, 16, 0.5, 1e-4
 CONFIG = TransformerConfig(vocab_size=256, d_model=32, n_layers=4, n_heads=4, max_seq_len=SEQ, activation="gelu_tanh")
@@ -61,7 +60,7 @@ def eight_ranks(batches):
     return launch(_layouts_worker, 8, batches, echo=False)  # one start-up for every layout
 
 
-@pytest.mark.parametrize("sizes", LAYOUTS, ids=lambda s: "DP=%d x TP=%d x PP=%d" % s)
+@pytest.mark.parametrize("sizes", LAYOUTS, ids=lambda s: "DP={} x TP={} x PP={}".format(*s))
 def test_layout_matches_one_process(eight_ranks, one_process_losses, sizes):
     assert one_process_losses[-1] < one_process_losses[0] - 0.1, f"the oracle did not learn: {one_process_losses}"
     for rank, (runs, _) in enumerate(eight_ranks):

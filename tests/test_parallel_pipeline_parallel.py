@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llmedu.parallel import launch
-from llmedu.parallel.pipeline_parallel import Pipeline, PipelineStage, partition, schedule
 from llmedu.models import CausalLM, TransformerConfig
 from llmedu.models.gpt import lm_loss
+from llmedu.parallel import launch
+from llmedu.parallel.pipeline_parallel import Pipeline, PipelineStage, partition, schedule
 
 ATOL = 1e-5
 BATCH, SEQ = 24, 8

@@ -13,6 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from llmedu.models import CausalLM, TransformerConfig
+from llmedu.models.gpt import lm_loss
+from llmedu.nn.activations import FeedForward
+from llmedu.nn.attention import Attention
 from llmedu.parallel import launch
 from llmedu.parallel.tensor_parallel import (
     ParallelAttention,
@@ -21,10 +25,6 @@ from llmedu.parallel.tensor_parallel import (
     tensor_parallel,
     vocab_parallel_lm_loss,
 )
-from llmedu.models import CausalLM, TransformerConfig
-from llmedu.models.gpt import lm_loss
-from llmedu.nn.activations import FeedForward
-from llmedu.nn.attention import Attention
 
 ATOL = 1e-5
 

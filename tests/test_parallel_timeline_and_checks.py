@@ -6,7 +6,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from llmedu.checks.collectives import (  # noqa: E402

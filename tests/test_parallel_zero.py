@@ -161,7 +161,6 @@ def _bf16_oracle(base, x, y):
 def _memory_and_errors_worker():
     from llmedu.memory import MemoryTracker
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     base = Tiny(width=48, depth=4)  # Ψ = 9,843: large enough that scalars (Adam's step) are noise
     n = sum(p.numel() for p in base.parameters())
@@ -170,7 +169,7 @@ def _memory_and_errors_worker():
     out = {"n": n, "measured": {}, "bf16": {}, "moved": _max_diff(want, dict(base.named_parameters()))}
     for stage in (1, 2, 3):
         zero = ZeRO(copy.deepcopy(base), stage, lr=LR)
-        for step in range(2):  # measure the second step: the optimizer state exists by then
+        for _step in range(2):  # measure the second step: the optimizer state exists by then
             tracker = MemoryTracker(zero, zero.optimizer)
             with tracker:
                 nn.functional.mse_loss(zero(x), y).backward()

@@ -9,9 +9,22 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from llmedu.peft import (MultiLoRAModel, PrefixTuning, PromptTuning, adapter_state_dict, adapters_disabled,
-                         apply_adapters, apply_llama_adapter, apply_lora, count_parameters, load_adapter,
-                         mark_trainable, merge_lora, save_adapter, unmerge_lora)
+from llmedu.peft import (
+    MultiLoRAModel,
+    PrefixTuning,
+    PromptTuning,
+    adapter_state_dict,
+    adapters_disabled,
+    apply_adapters,
+    apply_llama_adapter,
+    apply_lora,
+    count_parameters,
+    load_adapter,
+    mark_trainable,
+    merge_lora,
+    save_adapter,
+    unmerge_lora,
+)
 from llmedu.peft.lora import LoRALinear
 
 

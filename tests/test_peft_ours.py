@@ -13,8 +13,7 @@ import torch
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
 
 from llmedu.models.hf import from_hf
-from llmedu.peft import (PrefixTuning, PromptTuning, apply_adapters, apply_llama_adapter, apply_lora,
-                         count_parameters)
+from llmedu.peft import PrefixTuning, PromptTuning, apply_adapters, apply_llama_adapter, apply_lora, count_parameters
 from llmedu.peft.inject import adapter_parameter_names
 
 ATOL = 1e-5

@@ -13,8 +13,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from llmedu.peft import (AdaptionPromptAttention, LoRALinear, PrefixTuning, PromptTuning, apply_llama_adapter,
-                         apply_lora, count_parameters, mark_trainable)
+from llmedu.peft import (
+    AdaptionPromptAttention,
+    LoRALinear,
+    PrefixTuning,
+    PromptTuning,
+    apply_llama_adapter,
+    apply_lora,
+    count_parameters,
+    mark_trainable,
+)
 
 ATOL = 1e-5
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from llmedu.checks.tokenizers import (check_count_pairs, check_merge_pair, check_viterbi, check_wordpiece,
-                                      viterbi_reference, wordpiece_reference)
+from llmedu.checks.tokenizers import (
+    check_count_pairs,
+    check_merge_pair,
+    check_viterbi,
+    check_wordpiece,
+    viterbi_reference,
+    wordpiece_reference,
+)
 from llmedu.tokenizers import UnigramTokenizer
 from llmedu.tokenizers.pairs import merge_pair
 

@@ -8,7 +8,7 @@ your all-reduce with ``torch.distributed.all_reduce`` on sizes that do not divid
 from __future__ import annotations
 
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

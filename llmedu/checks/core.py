@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

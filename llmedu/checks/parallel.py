@@ -6,7 +6,7 @@ the pieces of a split matrix, multiplied one after the other.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

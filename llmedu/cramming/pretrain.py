@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F

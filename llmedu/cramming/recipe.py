@@ -121,7 +121,7 @@ class Recipe:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "Recipe":
+    def from_dict(cls, values: dict) -> Recipe:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -131,7 +131,7 @@ class Recipe:
             values["betas"] = tuple(values["betas"])
         return cls(**values)
 
-    def differences(self, other: "Recipe") -> dict[str, tuple]:
+    def differences(self, other: Recipe) -> dict[str, tuple]:
         """{field: (self's value, other's value)} for every field that differs."""
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}

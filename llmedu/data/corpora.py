@@ -41,9 +41,9 @@ import json
 import re
 import tarfile
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .fetch import cache_dir, list_members, read_member, write_atomically
 

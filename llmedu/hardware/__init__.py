@@ -10,11 +10,27 @@
     True
 """
 
-from .cost import (ADAM_MIXED_PRECISION_BYTES_PER_PARAM, GPT3_PARAMS, GPT3_TOKENS, chips_to_hold,
-                   training_days, training_flops)
+from .cost import (
+                   ADAM_MIXED_PRECISION_BYTES_PER_PARAM,
+                   GPT3_PARAMS,
+                   GPT3_TOKENS,
+                   chips_to_hold,
+                   training_days,
+                   training_flops,
+)
 from .probe import DTYPES, Measurement, machine_summary, measure_bandwidth, measure_machine, measure_matmul_flops
-from .roofline import (Workload, arithmetic_intensity, attainable_flops, attention, bound, layernorm, matmul,
-                       matmul_flops, ridge_point, softmax)
+from .roofline import (
+                   Workload,
+                   arithmetic_intensity,
+                   attainable_flops,
+                   attention,
+                   bound,
+                   layernorm,
+                   matmul,
+                   matmul_flops,
+                   ridge_point,
+                   softmax,
+)
 from .specs import ACCELERATORS, Accelerator, accelerator, si, spec_table
 
 __all__ = [

@@ -87,7 +87,7 @@ class PagedKVCache:
         self.filled = [0] * num_blocks  # tokens written in each physical block (for the waste figures)
 
     @classmethod
-    def for_model(cls, config, num_blocks: int, block_size: int = 16, device=None, dtype=torch.float32) -> "PagedKVCache":
+    def for_model(cls, config, num_blocks: int, block_size: int = 16, device=None, dtype=torch.float32) -> PagedKVCache:
         """A cache shaped for a ``TransformerConfig``."""
         return cls(config.n_layers, config.n_kv_heads, config.head_dim, num_blocks, block_size, device, dtype)
 

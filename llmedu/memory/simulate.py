@@ -27,7 +27,7 @@ for ``torch.cuda.max_memory_allocated``.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

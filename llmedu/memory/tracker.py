@@ -168,7 +168,7 @@ class MemoryTracker(TorchDispatchMode):
         return out
 
     # -- entering and leaving -------------------------------------------------------------------
-    def __enter__(self) -> "MemoryTracker":
+    def __enter__(self) -> MemoryTracker:
         if self._used:
             raise RuntimeError("a MemoryTracker measures one block; make a new one for the next")
         self._used, self._active, self._in_optimizer = True, True, False

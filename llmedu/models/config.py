@@ -83,21 +83,21 @@ class TransformerConfig:
 
     # -- families ----------------------------------------------------------------------------------------
     @classmethod
-    def gpt2(cls, **overrides) -> "TransformerConfig":
+    def gpt2(cls, **overrides) -> TransformerConfig:
         """GPT-2: learned positions, pre-LN LayerNorm, tanh-GELU, biases, tied embeddings."""
         settings = dict(position="learned", norm="layernorm", norm_placement="pre", activation="gelu_tanh",
                         bias=True, causal=True, tie_embeddings=True, max_seq_len=1024)
         return cls(**{**settings, **overrides})
 
     @classmethod
-    def bert(cls, **overrides) -> "TransformerConfig":
+    def bert(cls, **overrides) -> TransformerConfig:
         """BERT: learned positions and segments, post-LN with a norm after the embeddings, exact GELU."""
         settings = dict(position="learned", norm="layernorm", norm_eps=1e-12, norm_placement="post", activation="gelu",
                         bias=True, causal=False, type_vocab_size=2, embedding_norm=True, tie_embeddings=True)
         return cls(**{**settings, **overrides})
 
     @classmethod
-    def llama(cls, **overrides) -> "TransformerConfig":
+    def llama(cls, **overrides) -> TransformerConfig:
         """LLaMA: RoPE, pre-norm RMSNorm, SwiGLU, no biases, untied output projection."""
         settings = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, norm_placement="pre", activation="swiglu",
                         bias=False, causal=True, tie_embeddings=False)

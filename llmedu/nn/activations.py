@@ -18,7 +18,7 @@ input for the backward pass. Left out: the dropout inside the FFN.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -32,7 +32,7 @@ Left out: dropout on the attention probabilities, cross-attention, and paged cac
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

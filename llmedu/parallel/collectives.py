@@ -26,9 +26,9 @@ Left out: process groups other than the whole world, pipelining chunks within a 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist

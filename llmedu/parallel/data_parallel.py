@@ -29,8 +29,8 @@ step, gradient compression hooks, mixed-precision all-reduce.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist

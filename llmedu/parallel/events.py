@@ -12,8 +12,8 @@ Left out: clock synchronisation between machines (ranks line up only through the
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch.distributed as dist
 

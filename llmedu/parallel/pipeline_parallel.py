@@ -30,7 +30,7 @@ is told the activation shape), overlap of sends with compute beyond non-blocking
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

@@ -9,8 +9,17 @@
 """
 
 from .adapters import BottleneckAdapter, apply_adapters
-from .inject import (adapter_state_dict, adapters_disabled, count_parameters, find_modules, freeze_base,
-                     load_adapter, mark_trainable, save_adapter, set_adapters_enabled)
+from .inject import (
+                     adapter_state_dict,
+                     adapters_disabled,
+                     count_parameters,
+                     find_modules,
+                     freeze_base,
+                     load_adapter,
+                     mark_trainable,
+                     save_adapter,
+                     set_adapters_enabled,
+)
 from .llama_adapter import AdaptionPromptAttention, apply_llama_adapter
 from .lora import LoRALinear, apply_lora, merge_lora, unmerge_lora
 from .prompt import PrefixTuning, PromptTuning

@@ -20,7 +20,7 @@ Left out: the paper's also-trained layer norms, AdapterFusion and parallel adapt
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn

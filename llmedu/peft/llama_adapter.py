@@ -28,7 +28,7 @@ Left out: the multi-modal branch and the per-head gates of later versions.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

@@ -18,7 +18,7 @@ quantised base weights (QLoRA).
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

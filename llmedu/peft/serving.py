@@ -19,7 +19,7 @@ gathering, and paging adapters in and out of GPU memory.
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 __all__ = ["Tokenizer", "as_texts", "check_vocab_size", "split_on_special", "warn_if_short"]
 
@@ -39,7 +39,7 @@ class Tokenizer:
         self.special_tokens: dict[str, int] = {}
 
     # -- what each algorithm defines ---------------------------------------------------------
-    def train(self, texts: str | Iterable[str], vocab_size: int) -> "Tokenizer":
+    def train(self, texts: str | Iterable[str], vocab_size: int) -> Tokenizer:
         raise NotImplementedError
 
     def encode(self, text: str) -> list[int]:
@@ -60,7 +60,7 @@ class Tokenizer:
         raise NotImplementedError
 
     @classmethod
-    def _from_state(cls, state: dict) -> "Tokenizer":
+    def _from_state(cls, state: dict) -> Tokenizer:
         raise NotImplementedError
 
     def hf_json(self) -> dict:  # the ``tokenizer.json`` document of Hugging Face ``tokenizers``
@@ -77,7 +77,7 @@ class Tokenizer:
         Path(path).write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
 
     @classmethod
-    def load(cls, path: str | Path) -> "Tokenizer":
+    def load(cls, path: str | Path) -> Tokenizer:
         """Read a tokenizer written by ``save``."""
         try:
             state = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -24,8 +24,8 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import regex
 from tqdm.auto import tqdm
@@ -79,7 +79,7 @@ class BPETokenizer(Tokenizer):
 
     # -- training ---------------------------------------------------------------------------------
     def train(self, texts: str | Iterable[str], vocab_size: int,
-              special_tokens: Iterable[str] = ("<|endoftext|>",), progress: bool = False) -> "BPETokenizer":
+              special_tokens: Iterable[str] = ("<|endoftext|>",), progress: bool = False) -> BPETokenizer:
         """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``texts``."""
         texts, special_tokens = as_texts(texts), list(special_tokens)
         check_vocab_size(vocab_size, 256 + len(special_tokens), "256 bytes plus the special tokens")
@@ -151,7 +151,7 @@ class BPETokenizer(Tokenizer):
 
     # -- GPT-2's published files --------------------------------------------------------------
     @classmethod
-    def from_gpt2(cls, encoder_json_path: str | Path, vocab_bpe_path: str | Path) -> "BPETokenizer":
+    def from_gpt2(cls, encoder_json_path: str | Path, vocab_bpe_path: str | Path) -> BPETokenizer:
         """Load OpenAI's ``encoder.json`` (token -> id) and ``vocab.bpe`` (the merges, in rank order)."""
         try:
             encoder = json.loads(Path(encoder_json_path).read_text(encoding="utf-8"))
@@ -192,7 +192,7 @@ class BPETokenizer(Tokenizer):
                 "special_tokens": self.special_tokens}
 
     @classmethod
-    def _from_state(cls, state: dict) -> "BPETokenizer":
+    def _from_state(cls, state: dict) -> BPETokenizer:
         tok = cls()
         tok.byte_ids = list(state["byte_ids"])
         tok.merges = {(a, b): new for a, b, new in state["merges"]}

@@ -30,7 +30,7 @@ import math
 import random
 import re
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from tqdm.auto import tqdm
 
@@ -175,7 +175,7 @@ class UnigramTokenizer(Tokenizer):
     # -- training -----------------------------------------------------------------------------
     def train(self, texts: str | Iterable[str], vocab_size: int, special_tokens: Iterable[str] = ("<unk>",),
               seed_size: int | None = None, shrink: float = 0.75, em_steps: int = 2,
-              progress: bool = False) -> "UnigramTokenizer":
+              progress: bool = False) -> UnigramTokenizer:
         """Seed, then alternate EM and pruning until ``vocab_size`` pieces (special tokens included).
 
         ``seed_size`` substrings start the search (by default ten times ``vocab_size``); each
@@ -256,7 +256,7 @@ class UnigramTokenizer(Tokenizer):
         return {"pieces": self.pieces, "scores": self.scores, "special_tokens": self.special_tokens}
 
     @classmethod
-    def _from_state(cls, state: dict) -> "UnigramTokenizer":
+    def _from_state(cls, state: dict) -> UnigramTokenizer:
         tok = cls()
         tok._set_vocab(list(state["pieces"]), list(state["scores"]), dict(state["special_tokens"]))
         return tok

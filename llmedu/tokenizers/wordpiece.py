@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from tqdm.auto import tqdm
 
@@ -140,7 +140,7 @@ class WordPieceTokenizer(Tokenizer):
         return len(self.tokens_by_id)
 
     @classmethod
-    def from_vocab(cls, vocab_txt_path: str | Path, lowercase: bool = True) -> "WordPieceTokenizer":
+    def from_vocab(cls, vocab_txt_path: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
         """Read a BERT ``vocab.txt``: one token per line, the line number is the id."""
         try:
             tokens = Path(vocab_txt_path).read_text(encoding="utf-8").split("\n")
@@ -206,7 +206,7 @@ class WordPieceTokenizer(Tokenizer):
 
     # -- training -----------------------------------------------------------------------------
     def train(self, texts: str | Iterable[str], vocab_size: int, special_tokens: Iterable[str] = BERT_SPECIALS,
-              progress: bool = False) -> "WordPieceTokenizer":
+              progress: bool = False) -> WordPieceTokenizer:
         """Learn a vocabulary of ``vocab_size`` entries: special tokens, characters, then merges."""
         texts, special_tokens = as_texts(texts), list(special_tokens)
         words: Counter[str] = Counter()
@@ -236,7 +236,7 @@ class WordPieceTokenizer(Tokenizer):
         return {"lowercase": self.lowercase, "max_chars_per_word": self.max_chars_per_word, "vocab": self.tokens_by_id}
 
     @classmethod
-    def _from_state(cls, state: dict) -> "WordPieceTokenizer":
+    def _from_state(cls, state: dict) -> WordPieceTokenizer:
         tok = cls(lowercase=state["lowercase"], max_chars_per_word=state["max_chars_per_word"])
         tok._set_vocab(list(state["vocab"]))
         return tok

@@ -36,10 +36,11 @@ Left out: evaluation during training (a callback can do it), several optimizers,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import count, islice
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn

@@ -34,7 +34,7 @@ the recomputation; offloading saved activations to CPU memory.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn

@@ -24,7 +24,7 @@ Left out: restarts (SGDR's warm restarts), schedules driven by a validation loss
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["Schedule", "constant", "warmup_linear", "warmup_cosine", "triangular", "one_cycle"]
 

@@ -30,7 +30,7 @@ import io
 import math
 import numbers
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 __all__ = ["LiveMonitor"]
 
@@ -103,7 +103,7 @@ class LiveMonitor:
             series.extend([_missing(value)] * (len(self.steps) - len(series)))
             series.append(value)
         self.steps.append(len(self.steps) if step is None else step)
-        for name, series in self.history.items():
+        for series in self.history.values():
             if len(series) < len(self.steps):
                 series.append(_missing(series[0]))
         if self.live and self.clock() >= self._next_draw:
@@ -184,7 +184,7 @@ class LiveMonitor:
         if self.save:
             self.figure().savefig(self.save, dpi=120)
 
-    def __enter__(self) -> "LiveMonitor":
+    def __enter__(self) -> LiveMonitor:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -9,7 +9,7 @@ This module only draws; it knows nothing of how the events were made.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import matplotlib.pyplot as plt
 

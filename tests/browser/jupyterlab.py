@@ -84,7 +84,7 @@ class JupyterLab:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> "JupyterLab":
+    def start(self) -> JupyterLab:
         for name in ("config", "data", "runtime", "settings", "workspaces", "ipython"):
             (self.home / name).mkdir(parents=True, exist_ok=True)
         for name, values in SETTINGS.items():
@@ -182,7 +182,7 @@ class JupyterLab:
         psutil.wait_procs(alive, timeout=5.0)
         return forced
 
-    def __enter__(self) -> "JupyterLab":
+    def __enter__(self) -> JupyterLab:
         try:
             return self.start()
         except BaseException:

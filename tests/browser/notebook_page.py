@@ -22,30 +22,30 @@ from playwright.sync_api import Page
 STDERR = '.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'
 
 # One snapshot of the notebook as drawn: per cell its type, prompt and outputs.
-_READ_CELLS = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell')].map(cell => ({
+_READ_CELLS = f"""() => [...document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell')].map(cell => ({{
     code: cell.classList.contains('jp-CodeCell'),
     prompt: (cell.querySelector('.jp-InputArea .jp-InputPrompt')?.textContent ?? '').trim(),
-    outputs: [...cell.querySelectorAll('.jp-OutputArea-child')].map(out => ({
-        images: [...out.querySelectorAll('img')].map(img => ({
+    outputs: [...cell.querySelectorAll('.jp-OutputArea-child')].map(out => ({{
+        images: [...out.querySelectorAll('img')].map(img => ({{
             loaded: img.complete && img.naturalWidth > 0,
             width: img.naturalWidth,
             height: img.naturalHeight,
-        })),
-        stderr: [...out.querySelectorAll('%s')].map(e => e.textContent),
-    })),
-}))""" % STDERR
+        }})),
+        stderr: [...out.querySelectorAll('{STDERR}')].map(e => e.textContent),
+    }})),
+}}))"""
 
 # Done when the kernel is idle, no cell is queued or running, and either every code cell has an
 # execution count or one of them failed (Run All stops at the first error, leaving the rest [ ]).
-_RUN_FINISHED = """() => {
+_RUN_FINISHED = f"""() => {{
     const status = document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator');
     const prompts = [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell .jp-InputArea .jp-InputPrompt')]
         .map(p => p.textContent.trim());
-    const failed = [...document.querySelectorAll('.jp-NotebookPanel %s')]
+    const failed = [...document.querySelectorAll('.jp-NotebookPanel {STDERR}')]
         .some(e => e.textContent.includes('Traceback'));
     return status?.dataset.status === 'idle' && !prompts.includes('[*]:')
         && (failed || prompts.every(p => /^\\[\\d+\\]:$/.test(p)));
-}""" % STDERR
+}}"""
 
 
 def open_notebook(page: Page, url: str, timeout_ms: float) -> None:
