@@ -76,8 +76,15 @@ def attention_table(lengths, repeats, heads, head_dim, dev) -> dict:
                 q.grad = k.grad = v.grad = None
             peak = peak_bytes(fn, q, k, v, dev)
             q.grad = k.grad = v.grad = None
-            results[T][name] = {"peak_mib": peak / 2**20, "time_min_s": min(times), "time_median_s": statistics.median(times)}
-            print(f"  T={T:<6} {name:<13} peak {peak / 2**20:9.1f} MiB   time min {min(times):7.3f} s  median {statistics.median(times):7.3f} s", flush=True)
+            results[T][name] = {
+                "peak_mib": peak / 2**20,
+                "time_min_s": min(times),
+                "time_median_s": statistics.median(times),
+            }
+            print(
+                f"  T={T:<6} {name:<13} peak {peak / 2**20:9.1f} MiB   time min {min(times):7.3f} s  median {statistics.median(times):7.3f} s",
+                flush=True,
+            )
     return results
 
 
@@ -85,12 +92,17 @@ def waste_workload(n_requests: int, seed: int = 0) -> list[Request]:
     """Prompts of 8..128 tokens; replies end at token 0 (sampled), at most 512 tokens."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))
-    return [Request([rand(1, 255) for _ in range(rand(8, 128))], max_new_tokens=512, temperature=1.0, seed=i) for i in range(n_requests)]
+    return [
+        Request([rand(1, 255) for _ in range(rand(8, 128))], max_new_tokens=512, temperature=1.0, seed=i)
+        for i in range(n_requests)
+    ]
 
 
 def kv_waste(n_requests: int, block_size: int = 16, max_len: int = 1024) -> dict:
     seed_everything(0)
-    model = CausalLM(TransformerConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, max_seq_len=max_len, position="rope")).eval()
+    model = CausalLM(
+        TransformerConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, max_seq_len=max_len, position="rope")
+    ).eval()
     requests = waste_workload(n_requests)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: splitting its small matmuls across cores costs more than it saves
@@ -130,8 +142,11 @@ def main(argv=None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # on a shared machine, 1 thread avoids OpenMP threads waiting on each other
     dev = device()
-    print(f"attention forward + backward, causal, batch 1, {args.heads} heads of dim {args.head_dim}, fp32, on {dev}, "
-          f"{torch.get_num_threads()} CPU thread(s)", flush=True)
+    print(
+        f"attention forward + backward, causal, batch 1, {args.heads} heads of dim {args.head_dim}, fp32, on {dev}, "
+        f"{torch.get_num_threads()} CPU thread(s)",
+        flush=True,
+    )
     table = attention_table(args.lengths, args.repeats, args.heads, args.head_dim, dev)
 
     print("\n  T       naive/ours peak   naive/ours time   sdpa/ours time")
@@ -144,15 +159,29 @@ def main(argv=None) -> int:
             "time_sdpa_over_ours": sdpa["time_median_s"] / ours["time_median_s"],
         }
         r = ratios[T]
-        print(f"  {T:<7} {r['peak_naive_over_ours']:>14.1f}x {r['time_naive_over_ours']:>16.2f}x {r['time_sdpa_over_ours']:>15.2f}x")
+        print(
+            f"  {T:<7} {r['peak_naive_over_ours']:>14.1f}x {r['time_naive_over_ours']:>16.2f}x {r['time_sdpa_over_ours']:>15.2f}x"
+        )
 
-    print(f"\nKV-cache waste: {args.requests} requests of mixed lengths, continuous batching, paged blocks of 16", flush=True)
+    print(
+        f"\nKV-cache waste: {args.requests} requests of mixed lengths, continuous batching, paged blocks of 16",
+        flush=True,
+    )
     waste = kv_waste(args.requests)
     print(f"  {waste['tokens_generated']} tokens in {waste['steps']} steps ({waste['seconds']:.1f} s)")
     print(f"  paged: {100 * waste['paged_waste']:.1f}% of allocated slots empty")
-    print(f"  contiguous, max length: {100 * waste['contiguous_max_length_waste']:.1f}% empty  " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in waste["contiguous_max_length"].items()))
-    print("  contiguous, prompt + max_new_tokens: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in waste["contiguous_exact_reservation"].items()))
-    print("  first-fit arena of the same size: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in waste["first_fit_arena"].items()))
+    print(
+        f"  contiguous, max length: {100 * waste['contiguous_max_length_waste']:.1f}% empty  "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in waste["contiguous_max_length"].items())
+    )
+    print(
+        "  contiguous, prompt + max_new_tokens: "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in waste["contiguous_exact_reservation"].items())
+    )
+    print(
+        "  first-fit arena of the same size: "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in waste["first_fit_arena"].items())
+    )
 
     longest = max(table)
     claims = {

@@ -59,23 +59,29 @@ def main(argv: list[str] | None = None) -> int:
         sizes.append(s)
         s *= 4
     table = []
-    print(f"{'ranks':>5} {'size':>9} {'ours best':>11} {'ours median':>12} {'gloo best':>11} "
-          f"{'gloo median':>12} {'ours busbw':>11} {'gloo busbw':>11} {'gloo/ours':>10}")
+    print(
+        f"{'ranks':>5} {'size':>9} {'ours best':>11} {'ours median':>12} {'gloo best':>11} "
+        f"{'gloo median':>12} {'ours busbw':>11} {'gloo busbw':>11} {'gloo/ours':>10}"
+    )
     for n in args.ranks:
         for row in launch(time_all_reduces, n, sizes, args.repeats, echo=False, timeout=300)[0]:
             factor = 2 * (n - 1) / n
             ours, gloo = row["ours"], row["gloo"]
             ratio = gloo["best"] / ours["best"]
             table.append({"ranks": n, **row, "ratio": ratio})
-            print(f"{n:>5} {_size(row['bytes']):>9} {ours['best'] * 1e3:>9.3f}ms {ours['median'] * 1e3:>10.3f}ms "
-                  f"{gloo['best'] * 1e3:>9.3f}ms {gloo['median'] * 1e3:>10.3f}ms "
-                  f"{row['bytes'] * factor / ours['best'] / 1e9:>7.2f}GB/s {row['bytes'] * factor / gloo['best'] / 1e9:>7.2f}GB/s "
-                  f"{ratio:>10.2f}")
+            print(
+                f"{n:>5} {_size(row['bytes']):>9} {ours['best'] * 1e3:>9.3f}ms {ours['median'] * 1e3:>10.3f}ms "
+                f"{gloo['best'] * 1e3:>9.3f}ms {gloo['median'] * 1e3:>10.3f}ms "
+                f"{row['bytes'] * factor / ours['best'] / 1e9:>7.2f}GB/s {row['bytes'] * factor / gloo['best'] / 1e9:>7.2f}GB/s "
+                f"{ratio:>10.2f}"
+            )
     claim = [r for r in table if r["ranks"] == CLAIM_RANKS and r["bytes"] == CLAIM_BYTES]
     if claim:
         ok = claim[0]["ratio"] >= CLAIM_RATIO
-        print(f"claim: ours >= {CLAIM_RATIO}x gloo's speed at {CLAIM_RANKS} ranks, 64 MB: "
-              f"{claim[0]['ratio']:.2f}x -> {'met' if ok else 'NOT met'}")
+        print(
+            f"claim: ours >= {CLAIM_RATIO}x gloo's speed at {CLAIM_RANKS} ranks, 64 MB: "
+            f"{claim[0]['ratio']:.2f}x -> {'met' if ok else 'NOT met'}"
+        )
     print(json.dumps({"benchmark": "ring_all_reduce_vs_gloo", "rows": table}))
     return 0
 

@@ -50,9 +50,16 @@ from llmedu.models.counting import flops_per_token, matmul_parameters  # noqa: E
 
 def hf_twin(recipe) -> BertForMaskedLM:
     """BertForMaskedLM at the recipe's shape, with BERT's own settings (the original recipe)."""
-    config = BertConfig(vocab_size=recipe.vocab_size, hidden_size=recipe.d_model, num_hidden_layers=recipe.n_layers,
-                        num_attention_heads=recipe.n_heads, intermediate_size=4 * recipe.d_model,
-                        max_position_embeddings=recipe.seq_len, type_vocab_size=2, attn_implementation="sdpa")
+    config = BertConfig(
+        vocab_size=recipe.vocab_size,
+        hidden_size=recipe.d_model,
+        num_hidden_layers=recipe.n_layers,
+        num_attention_heads=recipe.n_heads,
+        intermediate_size=4 * recipe.d_model,
+        max_position_embeddings=recipe.seq_len,
+        type_vocab_size=2,
+        attn_implementation="sdpa",
+    )
     return BertForMaskedLM(config)
 
 
@@ -99,8 +106,12 @@ def throughput(recipe, device, repeats: int) -> dict:
     rows = {}
     for name, fpt in flops.items():
         tps = tokens / statistics.median(times[name])
-        rows[name] = {"tokens_per_s": round(tps, 1), "tokens_per_s_best": round(tokens / min(times[name]), 1),
-                      "mfu": round(fpt * tps / peak, 4), "flops_per_token": fpt}
+        rows[name] = {
+            "tokens_per_s": round(tps, 1),
+            "tokens_per_s_best": round(tokens / min(times[name]), 1),
+            "mfu": round(fpt * tps / peak, 4),
+            "flops_per_token": fpt,
+        }
     rows["speed-up"] = round(rows["crammed (ours)"]["tokens_per_s"] / rows["BertForMaskedLM"]["tokens_per_s"], 3)
     rows["peak_bf16_flops"] = peak
     return rows
@@ -111,8 +122,15 @@ def loss_at_budget(shape: dict, budget: float, device, max_chars: int | None) ->
     with tempfile.TemporaryDirectory() as tmp:
         for make in (crammed, original_bert):
             recipe = make(**shape)
-            s = pretrain(f"{tmp}/{recipe.name}", recipe, budget, max_chars=max_chars, device=device,
-                         checkpoint_every=10_000, progress=False)
+            s = pretrain(
+                f"{tmp}/{recipe.name}",
+                recipe,
+                budget,
+                max_chars=max_chars,
+                device=device,
+                checkpoint_every=10_000,
+                progress=False,
+            )
             results[recipe.name] = {k: s[k] for k in ("steps", "tokens_per_s", "train_loss", "val_loss")}
     return results
 
@@ -126,29 +144,42 @@ def run(budget: float | None = None, device=None, repeats: int | None = None) ->
     repeats = repeats or (5 if small else 20)
     speed = throughput(recipe, device, repeats)
     losses = loss_at_budget(shape, budget, device, max_chars=100_000 if small else None)
-    print(f"bf16 autocast, {device}, d={recipe.d_model}, {recipe.n_layers} layers, batch {recipe.micro_batch}x"
-          f"{recipe.seq_len}, {repeats} alternating repeats; measured bf16 matmul peak "
-          f"{speed['peak_bf16_flops'] / 1e9:.1f} GFLOP/s")
+    print(
+        f"bf16 autocast, {device}, d={recipe.d_model}, {recipe.n_layers} layers, batch {recipe.micro_batch}x"
+        f"{recipe.seq_len}, {repeats} alternating repeats; measured bf16 matmul peak "
+        f"{speed['peak_bf16_flops'] / 1e9:.1f} GFLOP/s"
+    )
     print(f"{'model':<18}{'tokens/s best':>15}{'tokens/s median':>17}{'FLOPs/token':>13}{'MFU (median)':>14}")
     for name in ("crammed (ours)", "BertForMaskedLM"):
         r = speed[name]
-        print(f"{name:<18}{r['tokens_per_s_best']:>15,.0f}{r['tokens_per_s']:>17,.0f}{r['flops_per_token'] / 1e6:>12.1f}M"
-              f"{r['mfu']:>14.2%}")
-    print(f"speed-up (medians): {speed['speed-up']:.2f}x (target >= 2.0x); crammed MFU {speed['crammed (ours)']['mfu']:.1%} "
-          f"(target >= 35%)")
+        print(
+            f"{name:<18}{r['tokens_per_s_best']:>15,.0f}{r['tokens_per_s']:>17,.0f}{r['flops_per_token'] / 1e6:>12.1f}M"
+            f"{r['mfu']:>14.2%}"
+        )
+    print(
+        f"speed-up (medians): {speed['speed-up']:.2f}x (target >= 2.0x); crammed MFU {speed['crammed (ours)']['mfu']:.1%} "
+        f"(target >= 35%)"
+    )
     print(f"\nMLM loss after {budget:.0f} s of training each (held-out, same data):")
     for name, r in losses.items():
         print(f"  {name:<10} steps {r['steps']:>6}  tokens/s {r['tokens_per_s']:>10,.0f}  val loss {r['val_loss']:.3f}")
     verdict = losses["crammed"]["val_loss"] < losses["original"]["val_loss"]
     print(f"crammed below original: {verdict}")
-    return {"device": str(device), "shape": {k: getattr(recipe, k) for k in ("d_model", "n_layers", "vocab_size")},
-            "throughput": speed, "budget_seconds": budget, "loss_at_budget": losses, "crammed_lower_loss": verdict}
+    return {
+        "device": str(device),
+        "shape": {k: getattr(recipe, k) for k in ("d_model", "n_layers", "vocab_size")},
+        "throughput": speed,
+        "budget_seconds": budget,
+        "loss_at_budget": losses,
+        "crammed_lower_loss": verdict,
+    }
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=parse_budget, default=None,
-                        help="seconds of each loss run (default 20s fast, 2m full)")
+    parser.add_argument(
+        "--budget", type=parse_budget, default=None, help="seconds of each loss run (default 20s fast, 2m full)"
+    )
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     args = parser.parse_args()
     print(json.dumps(run(args.budget, args.device)))

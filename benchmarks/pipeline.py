@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     table = []
     print(f"{'p':>3} {'m':>4} {'schedule':>9} {'step':>9} {'measured':>9} {'theory':>8} {'diff':>8} {'peak':>5}")
     for p in args.stages:
-        per_rank = launch(measure, p, args.micro, schedules, args.forward_ms / 1e3, args.repeats, echo=False,
-                          timeout=300)
+        per_rank = launch(
+            measure, p, args.micro, schedules, args.forward_ms / 1e3, args.repeats, echo=False, timeout=300
+        )
         for i, row in enumerate(per_rank[0]):
             # of the repeats, the fastest step: the one least disturbed by other work on the machine
             steps = [[e for rank_rows in per_rank for e in rank_rows[i]["steps"][k]] for k in range(args.repeats)]
@@ -76,15 +77,29 @@ def main(argv: list[str] | None = None) -> int:
             theory = theoretical_bubble(p, 1 if row["schedule"] == "naive" else row["m"])
             step = max(e["end"] for e in events) - min(e["start"] for e in events)
             diff = 100 * (measured - theory)
-            table.append({"stages": p, "m": row["m"], "schedule": row["schedule"], "step_s": step,
-                          "measured": measured, "theory": theory, "diff_points": diff, "peak_stage0": row["peak"]})
-            print(f"{p:>3} {row['m']:>4} {row['schedule']:>9} {step * 1e3:>7.0f}ms {measured:>9.3f} {theory:>8.3f} "
-                  f"{diff:>+7.1f}pp {row['peak']:>5}")
+            table.append(
+                {
+                    "stages": p,
+                    "m": row["m"],
+                    "schedule": row["schedule"],
+                    "step_s": step,
+                    "measured": measured,
+                    "theory": theory,
+                    "diff_points": diff,
+                    "peak_stage0": row["peak"],
+                }
+            )
+            print(
+                f"{p:>3} {row['m']:>4} {row['schedule']:>9} {step * 1e3:>7.0f}ms {measured:>9.3f} {theory:>8.3f} "
+                f"{diff:>+7.1f}pp {row['peak']:>5}"
+            )
     checked = [r for r in table if r["schedule"] != "naive"]
     worst = max(abs(r["diff_points"]) for r in checked)
     ok = worst < CLAIM_POINTS
-    print(f"claim: GPipe and 1F1B bubbles within {CLAIM_POINTS:g} points of (p-1)/(m+p-1): "
-          f"worst {worst:.1f} points -> {'met' if ok else 'NOT met'}")
+    print(
+        f"claim: GPipe and 1F1B bubbles within {CLAIM_POINTS:g} points of (p-1)/(m+p-1): "
+        f"worst {worst:.1f} points -> {'met' if ok else 'NOT met'}"
+    )
     print(json.dumps({"benchmark": "pipeline_bubble", "forward_ms": args.forward_ms, "claim_met": ok, "rows": table}))
     return 0
 

@@ -68,11 +68,17 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     dev = runtime.device()
-    config = TransformerConfig.gpt2(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, max_seq_len=args.seq)
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(dev)  # (B, T)
+    config = TransformerConfig.gpt2(
+        vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, max_seq_len=args.seq
+    )
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(
+        dev
+    )  # (B, T)
     built = {mode: build(mode, config, dev) for mode in MODES}
     n_params = sum(p.numel() for p in built["fp32"][0].parameters())
-    print(f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, GPT with {n_params / 1e6:.1f}M parameters, batch {args.batch} x {args.seq} tokens")
+    print(
+        f"device {dev}, {torch.get_num_threads()} threads, torch {torch.__version__}, GPT with {n_params / 1e6:.1f}M parameters, batch {args.batch} x {args.seq} tokens"
+    )
 
     results = {}
     for mode, (model, opt, step) in built.items():
@@ -81,7 +87,11 @@ def main(argv=None) -> dict:
             torch.cuda.reset_peak_memory_stats()
         with MemoryTracker(model, opt) as tracker:
             step(ids)
-        results[mode] = {"peak_bytes": tracker.peak_bytes, "peak_by_category": tracker.peak_by_category(), "tokens_per_s": []}
+        results[mode] = {
+            "peak_bytes": tracker.peak_bytes,
+            "peak_by_category": tracker.peak_by_category(),
+            "tokens_per_s": [],
+        }
         if dev.type == "cuda":
             results[mode]["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
 
@@ -100,7 +110,9 @@ def main(argv=None) -> dict:
         r["best"], r["median"] = max(r["tokens_per_s"]), statistics.median(r["tokens_per_s"])  # best = min time
         r["speedup"] = r["median"] / statistics.median(base["tokens_per_s"])
         r["memory_ratio"] = r["peak_bytes"] / base["peak_bytes"]
-        print(f"{mode:<15}{r['best']:>14,.0f}{r['median']:>10,.0f}{r['peak_bytes'] / 2**20:>10.1f}{r['speedup']:>9.2f}x{r['memory_ratio']:>8.2f}x")
+        print(
+            f"{mode:<15}{r['best']:>14,.0f}{r['median']:>10,.0f}{r['peak_bytes'] / 2**20:>10.1f}{r['speedup']:>9.2f}x{r['memory_ratio']:>8.2f}x"
+        )
     print("\npeak by category (MiB):")
     for mode, r in results.items():
         print(f"  {mode:<15}" + "  ".join(f"{k} {v / 2**20:.1f}" for k, v in r["peak_by_category"].items()))

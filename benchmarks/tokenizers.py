@@ -69,9 +69,15 @@ def hf_bpe(text: str, vocab_size: int):
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.train_from_iterator([text], trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     return tok
 
 
@@ -86,11 +92,14 @@ def main(argv: list[str] | None = None) -> int:
 
     pool = load_corpus("shakespeare") + "\n\n" + load_corpus("wikipedia") + "\n\n" + load_corpus("kjv")
     text = pool[: int(args.megabytes * 1e6)]
-    held_out = (load_corpus("wikipedia", "validation") + "\n\n" + load_corpus("shakespeare", "validation"))
+    held_out = load_corpus("wikipedia", "validation") + "\n\n" + load_corpus("shakespeare", "validation")
     held_out = held_out[: int(args.encode_megabytes * 1e6)]
     K, V, R = args.naive_merges, args.vocab_size, args.repeats
-    print(f"training text: {len(text.encode()) / 1e6:.2f} MB ({len(text.split()):,} words); vocabulary {V:,}; "
-          f"{R} repeats; python {sys.version.split()[0]}", flush=True)
+    print(
+        f"training text: {len(text.encode()) / 1e6:.2f} MB ({len(text.split()):,} words); vocabulary {V:,}; "
+        f"{R} repeats; python {sys.version.split()[0]}",
+        flush=True,
+    )
 
     rows = []  # (what, min s, median s, note)
     setup = timed(lambda: BPETokenizer().train(text, 257), R)  # pre-tokenise and count pairs, no merge
@@ -98,16 +107,24 @@ def main(argv: list[str] | None = None) -> int:
     ours_k = timed(lambda: BPETokenizer().train(text, 256 + K + 1), R)
     naive_k = timed(lambda: naive_bpe(text, 256 + K), min(R, 2))  # the slow one: at most 2 runs
     assert list(ours_k[2].merges) == naive_k[2], "the two trainers disagree on the first merges"
-    rows += [(f"ours, first {K} merges", *ours_k[:2], "incremental pair counts + heap"),
-             (f"naive recount, first {K} merges", *naive_k[:2], "recount all pairs before each merge")]
+    rows += [
+        (f"ours, first {K} merges", *ours_k[:2], "incremental pair counts + heap"),
+        (f"naive recount, first {K} merges", *naive_k[:2], "recount all pairs before each merge"),
+    ]
     ours_full = timed(lambda: BPETokenizer().train(text, V), R)
     hf_full = timed(lambda: hf_bpe(text, V), R)
     rows += [(f"ours, full {V:,}", *ours_full[:2], ""), (f"HF tokenizers (Rust), full {V:,}", *hf_full[:2], "")]
     ours_per_merge = max(ours_k[0] - setup[0], 1e-9) / K
     naive_per_merge = (naive_k[0] - setup[0]) / K  # the naive trainer's cost per merge, beyond the shared setup
     naive_full_estimate = setup[0] + naive_per_merge * (V - 257)
-    rows.append((f"naive recount, full {V:,}", naive_full_estimate, naive_full_estimate,
-                 f"EXTRAPOLATED: setup + {V - 257} x measured cost per merge"))
+    rows.append(
+        (
+            f"naive recount, full {V:,}",
+            naive_full_estimate,
+            naive_full_estimate,
+            f"EXTRAPOLATED: setup + {V - 257} x measured cost per merge",
+        )
+    )
 
     ours_ratio_tokens = len(ours_full[2].encode(held_out)) / len(hf_full[2].encode(held_out).ids)
 
@@ -119,8 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     hf_gpt2 = GPT2TokenizerFast.from_pretrained(files["vocab.json"].parent)
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
     encoder = json.loads(files["encoder.json"].read_text(encoding="utf-8"))
-    enc = tiktoken.Encoding("gpt2-local", pat_str=GPT2_PATTERN, special_tokens={"<|endoftext|>": 50256},
-                            mergeable_ranks={bytes(byte_of[c] for c in t): i for t, i in encoder.items() if t != "<|endoftext|>"})
+    enc = tiktoken.Encoding(
+        "gpt2-local",
+        pat_str=GPT2_PATTERN,
+        special_tokens={"<|endoftext|>": 50256},
+        mergeable_ranks={bytes(byte_of[c] for c in t): i for t, i in encoder.items() if t != "<|endoftext|>"},
+    )
     gpt2 = BPETokenizer.from_gpt2(files["encoder.json"], files["vocab.bpe"])
 
     def ours_encode():
@@ -138,24 +159,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{what:<40}{lo:>10.2f}{med:>10.2f}  {note}")
     speedup_k = naive_k[0] / ours_k[0]
     print(f"\nours vs naive, first {K} merges (measured): {speedup_k:.1f}x faster")
-    print(f"cost per merge beyond the setup: ours {ours_per_merge * 1e3:.2f} ms, naive {naive_per_merge * 1e3:.1f} ms "
-          f"({naive_per_merge / ours_per_merge:.0f}x)")
+    print(
+        f"cost per merge beyond the setup: ours {ours_per_merge * 1e3:.2f} ms, naive {naive_per_merge * 1e3:.1f} ms "
+        f"({naive_per_merge / ours_per_merge:.0f}x)"
+    )
     print(f"ours vs naive, full {V:,} (naive extrapolated): {naive_full_estimate / ours_full[0]:.0f}x faster")
     print(f"HF Rust vs ours, full {V:,} (measured): ours is {ours_full[0] / hf_full[0]:.1f}x slower")
     print(f"held-out tokens, ours / HF at {V:,}: {ours_ratio_tokens:.4f}")
     print(f"\n{'encoding GPT-2, ' + f'{mb:.2f} MB':<40}{'min s':>10}{'median s':>10}{'MB/s (min)':>12}")
-    for what, (lo, med, _) in [("ours (pure Python)", enc_ours), ("transformers GPT2TokenizerFast", enc_hf), ("tiktoken", enc_tt)]:
+    for what, (lo, med, _) in [
+        ("ours (pure Python)", enc_ours),
+        ("transformers GPT2TokenizerFast", enc_hf),
+        ("tiktoken", enc_tt),
+    ]:
         print(f"{what:<40}{lo:>10.3f}{med:>10.3f}{mb / lo:>12.2f}")
-    print(json.dumps({
-        "train_mb": round(len(text.encode()) / 1e6, 3), "vocab_size": V, "repeats": R, "naive_merges_timed": K,
-        "ours_first_k_s": round(ours_k[0], 3), "naive_first_k_s": round(naive_k[0], 3), "speedup_vs_naive_first_k": round(speedup_k, 1),
-        "setup_s": round(setup[0], 3), "ms_per_merge_ours": round(ours_per_merge * 1e3, 3),
-        "ms_per_merge_naive": round(naive_per_merge * 1e3, 2), "ours_full_s": round(ours_full[0], 3), "hf_full_s": round(hf_full[0], 3),
-        "ours_over_hf_time": round(ours_full[0] / hf_full[0], 2),
-        "naive_full_extrapolated_s": round(naive_full_estimate, 1), "speedup_vs_naive_full_extrapolated": round(naive_full_estimate / ours_full[0], 1),
-        "heldout_tokens_ours_over_hf": round(ours_ratio_tokens, 4),
-        "encode_mb_per_s": {"ours": round(mb / enc_ours[0], 3), "transformers": round(mb / enc_hf[0], 3), "tiktoken": round(mb / enc_tt[0], 3)},
-    }))
+    print(
+        json.dumps(
+            {
+                "train_mb": round(len(text.encode()) / 1e6, 3),
+                "vocab_size": V,
+                "repeats": R,
+                "naive_merges_timed": K,
+                "ours_first_k_s": round(ours_k[0], 3),
+                "naive_first_k_s": round(naive_k[0], 3),
+                "speedup_vs_naive_first_k": round(speedup_k, 1),
+                "setup_s": round(setup[0], 3),
+                "ms_per_merge_ours": round(ours_per_merge * 1e3, 3),
+                "ms_per_merge_naive": round(naive_per_merge * 1e3, 2),
+                "ours_full_s": round(ours_full[0], 3),
+                "hf_full_s": round(hf_full[0], 3),
+                "ours_over_hf_time": round(ours_full[0] / hf_full[0], 2),
+                "naive_full_extrapolated_s": round(naive_full_estimate, 1),
+                "speedup_vs_naive_full_extrapolated": round(naive_full_estimate / ours_full[0], 1),
+                "heldout_tokens_ours_over_hf": round(ours_ratio_tokens, 4),
+                "encode_mb_per_s": {
+                    "ours": round(mb / enc_ours[0], 3),
+                    "transformers": round(mb / enc_hf[0], 3),
+                    "tiktoken": round(mb / enc_tt[0], 3),
+                },
+            }
+        )
+    )
     return 0
 
 

@@ -42,6 +42,7 @@ def count_bytes_sent() -> dict[str, int]:
             factor = 2 if name == "all_reduce" else 1
             sent["bytes"] += factor * (world - 1) * full.numel() * full.element_size() // world
             return originals[name](*args, **kwargs)
+
         return counted
 
     dist.all_reduce = wrap("all_reduce", 0)
@@ -115,7 +116,10 @@ def formula(name: str, n: int, world: int) -> float:
     """fp32 AdamW model states per rank (4Ψ weights, 4Ψ gradients, 8Ψ moments), ZeRO §5.2;
     offload: the device's share only in a real GPU run; here host and device are the same RAM."""
     return {
-        "ddp": 16 * n, "zero1": 8 * n + 8 * n / world, "zero2": 4 * n + 12 * n / world, "zero3": 16 * n / world,
+        "ddp": 16 * n,
+        "zero1": 8 * n + 8 * n / world,
+        "zero2": 4 * n + 12 * n / world,
+        "zero3": 16 * n / world,
         "offload": 2 * n + 16 * n / world,  # bf16 weights 2Ψ + fp32 master, gradient shard, moments
     }[name]
 
@@ -128,8 +132,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
     rows, ok = [], True
-    print(f"{'ranks':>5} {'wrapper':>8} {'step ms':>8} {'states MiB':>10} {'formula':>8} {'peak MiB':>9} "
-          f"{'sent MiB':>9} {'x DDP':>6}")
+    print(
+        f"{'ranks':>5} {'wrapper':>8} {'step ms':>8} {'states MiB':>10} {'formula':>8} {'peak MiB':>9} "
+        f"{'sent MiB':>9} {'x DDP':>6}"
+    )
     for world in args.ranks:
         per_rank = launch(worker, world, args.d_model, args.layers, args.steps, echo=False, timeout=300)
         r0 = per_rank[0]
@@ -140,8 +146,10 @@ def main(argv=None) -> int:
             row = {"ranks": world, "wrapper": name, **m, "formula_bytes": expected, "sent_vs_ddp": ratio}
             rows.append(row)
             mib = {k: m[k] / 2**20 for k in ("model_states_bytes", "peak_bytes", "sent_bytes")}
-            print(f"{world:>5} {name:>8} {m['step_ms']:>8.1f} {mib['model_states_bytes']:>10.2f} {expected / 2**20:>8.2f} "
-                  f"{mib['peak_bytes']:>9.2f} {mib['sent_bytes']:>9.2f} {ratio:>6.2f}")
+            print(
+                f"{world:>5} {name:>8} {m['step_ms']:>8.1f} {mib['model_states_bytes']:>10.2f} {expected / 2**20:>8.2f} "
+                f"{mib['peak_bytes']:>9.2f} {mib['sent_bytes']:>9.2f} {ratio:>6.2f}"
+            )
             if name != "offload" and abs(m["model_states_bytes"] / expected - 1) > 0.10:
                 ok = False
                 print(f"  claim failed: {name} model states not within 10% of the formula")

@@ -46,7 +46,9 @@ def execute(path: Path, fast: bool, timeout: int) -> float:
             cell.outputs, cell.execution_count = [], None
     os.environ["LLMEDU_FAST"] = "1" if fast else "0"
     start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     seconds = time.perf_counter() - start
     clean(nb)
     nbformat.write(nb, path)

@@ -11,6 +11,15 @@ def tiny_bert():
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(1)
-    config = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        max_position_embeddings=64, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertForSequenceClassification(config).eval()

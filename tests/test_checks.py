@@ -106,8 +106,9 @@ def test_check_attainable_flops():
     assert not res and "intensity 0.25" in res.failure
 
 
-@pytest.mark.parametrize("grader", [checks.check_matmul_flops, checks.check_arithmetic_intensity,
-                                    checks.check_attainable_flops])
+@pytest.mark.parametrize(
+    "grader", [checks.check_matmul_flops, checks.check_arithmetic_intensity, checks.check_attainable_flops]
+)
 def test_hardware_graders_survive_an_unfinished_exercise(grader):
     def todo(*args):
         raise NotImplementedError("your code here")

@@ -76,8 +76,14 @@ def test_readme_records_the_same_checksums():
 
 # -- the corpora ---------------------------------------------------------------------------------
 # (name, documents in train + validation, at least this many words in train)
-EXPECTED = [("shakespeare", 38, 800_000), ("wikipedia", 106, 400_000), ("kjv", 66, 700_000),
-            ("speeches", 249, 190_000), ("tweets", 1830, 500_000), ("vader", 651, 180_000)]
+EXPECTED = [
+    ("shakespeare", 38, 800_000),
+    ("wikipedia", 106, 400_000),
+    ("kjv", 66, 700_000),
+    ("speeches", 249, 190_000),
+    ("tweets", 1830, 500_000),
+    ("vader", 651, 180_000),
+]
 
 
 @pytest.mark.parametrize("name, n_documents, min_words", EXPECTED)
@@ -126,12 +132,17 @@ def _normalised(text: str) -> str:
 def test_no_corpus_holds_a_downstream_snippet():
     """Pretraining must not see the downstream tasks' text. VADER's movie snippets are Rotten Tomatoes
     sentences (Pang & Lee's), so its corpus leaves them out; the same matcher finds them when asked."""
-    snippets = {_normalised(t) for split in ("train", "validation")
-                for t in load_classification("rotten_tomatoes", split)[0]}
+    snippets = {
+        _normalised(t) for split in ("train", "validation") for t in load_classification("rotten_tomatoes", split)[0]
+    }
     snippets = {t for t in snippets if len(t.split()) >= 6}  # a short phrase like "a waste of time" may recur
     for name in available_corpora():
-        lines = {_normalised(line) for split in ("train", "validation")
-                 for doc in load_documents(name, split) for line in doc.splitlines()}
+        lines = {
+            _normalised(line)
+            for split in ("train", "validation")
+            for doc in load_documents(name, split)
+            for line in doc.splitlines()
+        }
         assert not snippets & lines, f"{name} holds Rotten Tomatoes snippets"
     left_out = {_normalised(t) for t in vader_snippets(("movieReviewSnippets",))}
     assert len(left_out & snippets) > 0.9 * len(left_out)  # why they are left out, and proof the matcher works

@@ -148,24 +148,47 @@ def test_an_interrupted_run_resumes_exactly(tmp_path):
 def test_resuming_with_a_different_recipe_is_a_clear_error(tmp_path):
     pretrain(tmp_path, TINY, budget=None, max_steps=1, eval_batches=1, **SLICE)
     with pytest.raises(ValueError, match="different recipe.*lr"):
-        pretrain(tmp_path, crammed(**{**TINY_SHAPE, "micro_batch": 8, "lr": 5e-4}), budget=None, max_steps=2,
-                 resume=True, **SLICE)
+        pretrain(
+            tmp_path,
+            crammed(**{**TINY_SHAPE, "micro_batch": 8, "lr": 5e-4}),
+            budget=None,
+            max_steps=2,
+            resume=True,
+            **SLICE,
+        )
     with pytest.raises(FileExistsError, match="already holds a run"):
         pretrain(tmp_path, TINY, budget=None, max_steps=1, **SLICE)
 
 
 def test_a_corpus_too_small_for_one_batch_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="too small for one batch"):
-        pretrain(tmp_path, crammed(**{**TINY_SHAPE, "micro_batch": 64}), budget="5s", corpora=["kjv"],
-                 max_chars=3_000, tokenizer_chars=30_000, progress=False)
+        pretrain(
+            tmp_path,
+            crammed(**{**TINY_SHAPE, "micro_batch": 64}),
+            budget="5s",
+            corpora=["kjv"],
+            max_chars=3_000,
+            tokenizer_chars=30_000,
+            progress=False,
+        )
     assert not (tmp_path / "run.json").exists(), "nothing is written before the data is known to suffice"
 
 
 def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
     """pretrain under a wall-clock budget -> checkpoint -> resume -> fine-tune -> evaluate, via the CLI."""
     out = str(tmp_path / "run")
-    common = ["--out", out, "--shape", "tiny", "--max-chars", "20000", "--tokenizer-chars", "30000",
-              "--checkpoint-every", "5"]
+    common = [
+        "--out",
+        out,
+        "--shape",
+        "tiny",
+        "--max-chars",
+        "20000",
+        "--tokenizer-chars",
+        "30000",
+        "--checkpoint-every",
+        "5",
+    ]
     first = main(["pretrain", "--budget", "6s", *common])
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the last line is the JSON summary
     assert printed == first
@@ -192,8 +215,24 @@ def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
     assert result["settings"] == {**asdict(FIXED), "epochs": 1}
 
     # the authors' settings, with the batch overridden: 96 examples in batches of 48 are 2 steps
-    result = main(["finetune", "--checkpoint", out, "--settings", "authors", "--batch-size", "48", "--epochs", "1",
-                   "--max-train", "96", "--max-eval", "64", "--from-scratch"])
+    result = main(
+        [
+            "finetune",
+            "--checkpoint",
+            out,
+            "--settings",
+            "authors",
+            "--batch-size",
+            "48",
+            "--epochs",
+            "1",
+            "--max-train",
+            "96",
+            "--max-eval",
+            "64",
+            "--from-scratch",
+        ]
+    )
     assert result["init"] == "random" and result["steps"] == 2
     assert result["settings"] == {**asdict(AUTHORS), "epochs": 1, "batch_size": 48}
 

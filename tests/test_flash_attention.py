@@ -43,7 +43,9 @@ def inputs(B, H, Hkv, Tq, Tk, D, dtype=torch.float32, seed=0):
 
 def forward_backward(fn, q, k, v, **kw):
     out = fn(q, k, v, **kw)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)  # same values in any dtype
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(
+        out.dtype
+    )  # same values in any dtype
     return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
 
 
@@ -109,7 +111,9 @@ def test_bf16_error_at_most_twice_that_of_naive_bf16():
     naive = forward_backward(lambda q, k, v, causal: math_attention(q, k, v, causal, None), *low, causal=True)
     for what, e, a, b in zip(("out", "dq", "dk", "dv"), exact, ours, naive):
         err_ours, err_naive = (a.double() - e).abs().max().item(), (b.double() - e).abs().max().item()
-        assert err_ours <= 2 * err_naive, f"{what}: flash bf16 error {err_ours:.3g} > 2 x naive bf16 error {err_naive:.3g}"
+        assert err_ours <= 2 * err_naive, (
+            f"{what}: flash bf16 error {err_ours:.3g} > 2 x naive bf16 error {err_naive:.3g}"
+        )
 
 
 def saved_for_backward(fn, *args, **kw):
@@ -156,7 +160,9 @@ def test_causal_tiles_above_the_diagonal_are_skipped():
 
 def test_registered_as_an_attention_function():
     q, k, v = inputs(2, 4, 2, 20, 20, 8)
-    torch.testing.assert_close(get_attention("flash")(q, k, v, True, None), reference(q, k, v, causal=True), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        get_attention("flash")(q, k, v, True, None), reference(q, k, v, causal=True), atol=ATOL, rtol=0
+    )
 
 
 def test_our_gpt_with_flash_attention_matches_sdpa():
@@ -168,7 +174,11 @@ def test_our_gpt_with_flash_attention_matches_sdpa():
     results = {}
     for impl in ("sdpa", "flash"):
         torch.manual_seed(0)
-        model = CausalLM(TransformerConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, attn_impl=impl))
+        model = CausalLM(
+            TransformerConfig(
+                vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, attn_impl=impl
+            )
+        )
         logits = model(ids)
         lm_loss(logits, ids).backward()
         results[impl] = (logits, model.transformer.blocks[0].attn.q_proj.weight.grad)
@@ -181,7 +191,10 @@ def test_peak_memory_is_linear_not_quadratic():
     from llmedu.memory import MemoryTracker
 
     peaks = {}
-    for name, fn in (("naive", lambda q, k, v: math_attention(q, k, v, True, None)), ("flash", lambda q, k, v: flash_attention(q, k, v, causal=True, block_size=64))):
+    for name, fn in (
+        ("naive", lambda q, k, v: math_attention(q, k, v, True, None)),
+        ("flash", lambda q, k, v: flash_attention(q, k, v, causal=True, block_size=64)),
+    ):
         q, k, v = inputs(1, 4, 4, 1024, 1024, 32)
         with MemoryTracker(torch.nn.Module()) as mt:
             fn(q, k, v).sum().backward()
@@ -201,7 +214,11 @@ def test_peak_memory_is_linear_not_quadratic():
         (((1, 2, 8), (1, 2, 8, 8), (1, 2, 8, 8)), {}, "4-D"),
         (((1, 2, 9, 8), (1, 2, 8, 8), (1, 2, 8, 8)), {"causal": True}, "Tq <= Tk"),
         (((1, 2, 8, 8), (1, 2, 8, 8), (1, 2, 8, 8)), {"block_size": 0}, "block_size"),
-        (((1, 2, 8, 8), (1, 2, 8, 8), (1, 2, 8, 8)), {"attn_mask": torch.ones(3, 8, dtype=torch.bool)}, "does not broadcast"),
+        (
+            ((1, 2, 8, 8), (1, 2, 8, 8), (1, 2, 8, 8)),
+            {"attn_mask": torch.ones(3, 8, dtype=torch.bool)},
+            "does not broadcast",
+        ),
         (((1, 2, 8, 8), (1, 2, 8, 8), (1, 2, 8, 8)), {"attn_mask": torch.ones(8, 8, dtype=torch.long)}, "bool"),
     ],
 )

@@ -73,16 +73,19 @@ def test_roofline_two_regimes_and_ridge():
     assert hw.attainable_flops(50.0, peak, bw) == 100.0  # compute-bound: the peak
 
 
-@pytest.mark.parametrize("call", [
-    lambda: hw.matmul_flops(0, 2, 2),
-    lambda: hw.matmul(2, 2.5, 2),
-    lambda: hw.softmax(2, 2, bytes_per_element=0),
-    lambda: hw.attention(1, 1, -4, 8),
-    lambda: hw.arithmetic_intensity(10, 0),
-    lambda: hw.attainable_flops(-1, 1e12, 1e12),
-    lambda: hw.ridge_point(1e12, float("nan")),
-    lambda: hw.attainable_flops(1.0, None, 1e12),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: hw.matmul_flops(0, 2, 2),
+        lambda: hw.matmul(2, 2.5, 2),
+        lambda: hw.softmax(2, 2, bytes_per_element=0),
+        lambda: hw.attention(1, 1, -4, 8),
+        lambda: hw.arithmetic_intensity(10, 0),
+        lambda: hw.attainable_flops(-1, 1e12, 1e12),
+        lambda: hw.ridge_point(1e12, float("nan")),
+        lambda: hw.attainable_flops(1.0, None, 1e12),
+    ],
+)
 def test_bad_sizes_are_errors(call):
     with pytest.raises(ValueError):
         call()

@@ -97,8 +97,12 @@ def test_bad_arguments_are_refused():
 def test_the_grader_passes_a_right_answer_and_fails_a_wrong_one():
     def right(n_params, world_size, stage):
         k = 12
-        shards = [(2 + 2 + k) * n_params, 4 * n_params + k * n_params / world_size,
-                  2 * n_params + (2 + k) * n_params / world_size, (2 + 2 + k) * n_params / world_size]
+        shards = [
+            (2 + 2 + k) * n_params,
+            4 * n_params + k * n_params / world_size,
+            2 * n_params + (2 + k) * n_params / world_size,
+            (2 + 2 + k) * n_params / world_size,
+        ]
         return shards[stage]
 
     def forgets_gradients(n_params, world_size, stage):  # stage 2 shards gradients too

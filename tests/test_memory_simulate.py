@@ -25,9 +25,11 @@ def test_a_one_billion_parameter_step_is_simulated_without_allocating_it():
     assert 1.0e9 < psi < 1.1e9
     model_states = mt.max_bytes("parameters", "gradients", "optimizer")
     estimate = sum(adamw_fp32_bytes(psi).values())
-    print(f"Ψ = {psi:,}; model states simulated {model_states / 2**30:.3f} GiB, estimated "
-          f"{estimate / 2**30:.3f} GiB; peak {mt.peak_bytes / 2**30:.2f} GiB at {mt.peak_op}; "
-          f"RSS grew {rss_growth / 2**20:.0f} MiB")
+    print(
+        f"Ψ = {psi:,}; model states simulated {model_states / 2**30:.3f} GiB, estimated "
+        f"{estimate / 2**30:.3f} GiB; peak {mt.peak_bytes / 2**30:.2f} GiB at {mt.peak_op}; "
+        f"RSS grew {rss_growth / 2**20:.0f} MiB"
+    )
     # The only difference is AdamW's step counters: one 4-byte scalar per parameter tensor.
     assert model_states - estimate == 4 * len(list(mt.model.parameters()))
     assert mt.peak_bytes > model_states - mt.max_bytes("gradients")  # activations come on top
@@ -69,8 +71,12 @@ def test_other_optimizers_and_losses_can_be_simulated():
     def loss_fn(model, batch):
         return model(batch).float().pow(2).mean()
 
-    sgd = simulate_training_step(lambda: TinyGPT(**SMALL), lambda: torch.randint(0, 512, (2, 64)),
-                                 lambda params: torch.optim.SGD(params, lr=0.1), loss_fn=loss_fn)
+    sgd = simulate_training_step(
+        lambda: TinyGPT(**SMALL),
+        lambda: torch.randint(0, 512, (2, 64)),
+        lambda params: torch.optim.SGD(params, lr=0.1),
+        loss_fn=loss_fn,
+    )
     assert sgd.max_bytes("optimizer") == 0  # plain SGD keeps no state
 
 

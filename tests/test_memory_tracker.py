@@ -59,8 +59,9 @@ def test_peak_agrees_with_profiler_memory_timeline(warmup_steps, tmp_path):
         training_step(model, optimizer, batch)
 
     model, optimizer, batch = make_run(warmup_steps=warmup_steps)
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                      record_shapes=True, with_stack=True)
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    )
     with profiler:
         training_step(model, optimizer, batch)
     with warnings.catch_warnings():

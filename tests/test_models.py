@@ -18,10 +18,24 @@ VARIANTS = {
     "gpt2": TransformerConfig.gpt2(vocab_size=64, d_model=48, n_heads=3, n_layers=2, max_seq_len=32),
     "llama-gqa": TransformerConfig.llama(vocab_size=64, d_model=48, n_heads=6, n_kv_heads=2, n_layers=2),
     "mqa-alibi": TransformerConfig(vocab_size=64, d_model=48, n_heads=4, n_kv_heads=1, n_layers=2, position="alibi"),
-    "t5-bias-sandwich": TransformerConfig(vocab_size=64, d_model=48, n_heads=4, n_layers=2, position="relative", norm_placement="sandwich"),
-    "sinusoidal-post": TransformerConfig(vocab_size=64, d_model=48, n_heads=4, n_layers=2, position="sinusoidal", norm_placement="post"),
-    "cramming-deepnorm": TransformerConfig(vocab_size=64, d_model=48, n_heads=4, n_layers=2, position="scaled_sinusoidal", norm_placement="deepnorm", activation="geglu"),
-    "parallel-rope": TransformerConfig(vocab_size=64, d_model=48, n_heads=4, n_layers=2, position="rope", block="parallel", norm="rmsnorm", bias=False),
+    "t5-bias-sandwich": TransformerConfig(
+        vocab_size=64, d_model=48, n_heads=4, n_layers=2, position="relative", norm_placement="sandwich"
+    ),
+    "sinusoidal-post": TransformerConfig(
+        vocab_size=64, d_model=48, n_heads=4, n_layers=2, position="sinusoidal", norm_placement="post"
+    ),
+    "cramming-deepnorm": TransformerConfig(
+        vocab_size=64,
+        d_model=48,
+        n_heads=4,
+        n_layers=2,
+        position="scaled_sinusoidal",
+        norm_placement="deepnorm",
+        activation="geglu",
+    ),
+    "parallel-rope": TransformerConfig(
+        vocab_size=64, d_model=48, n_heads=4, n_layers=2, position="rope", block="parallel", norm="rmsnorm", bias=False
+    ),
 }
 
 
@@ -51,7 +65,10 @@ def test_generate_with_and_without_cache_agree(lm):
     greedy = generate(lm, prompt, 10)
     assert greedy.shape == (3, 14) and torch.equal(greedy[:, :4], prompt)
     assert torch.equal(greedy, generate(lm, prompt, 10, use_cache=False))
-    sampled = [generate(lm, prompt, 10, temperature=1.0, top_k=5, use_cache=c, generator=torch.Generator().manual_seed(3)) for c in (True, False)]
+    sampled = [
+        generate(lm, prompt, 10, temperature=1.0, top_k=5, use_cache=c, generator=torch.Generator().manual_seed(3))
+        for c in (True, False)
+    ]
     assert torch.equal(*sampled)
 
 

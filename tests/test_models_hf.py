@@ -17,12 +17,46 @@ from llmedu.models.hf import from_hf, to_hf
 TOL = dict(atol=1e-5, rtol=0)
 VOCAB = 101
 CONFIGS = {
-    "bert": lambda: tf.BertConfig(vocab_size=VOCAB, hidden_size=96, num_attention_heads=3, num_hidden_layers=2, intermediate_size=136, max_position_embeddings=40, type_vocab_size=2),
-    "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=96, n_head=3, n_layer=2, n_positions=40, n_inner=136, bos_token_id=None, eos_token_id=None),
-    "llama": lambda: tf.LlamaConfig(vocab_size=VOCAB, hidden_size=96, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=136,
-                                    rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, bos_token_id=None, eos_token_id=None, pad_token_id=None),
+    "bert": lambda: tf.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=96,
+        num_attention_heads=3,
+        num_hidden_layers=2,
+        intermediate_size=136,
+        max_position_embeddings=40,
+        type_vocab_size=2,
+    ),
+    "gpt2": lambda: tf.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=96,
+        n_head=3,
+        n_layer=2,
+        n_positions=40,
+        n_inner=136,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
+    "llama": lambda: tf.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=136,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    ),
 }
-CLASSES = [("bert", tf.BertModel), ("bert", tf.BertForMaskedLM), ("gpt2", tf.GPT2Model), ("gpt2", tf.GPT2LMHeadModel), ("llama", tf.LlamaModel), ("llama", tf.LlamaForCausalLM)]
+CLASSES = [
+    ("bert", tf.BertModel),
+    ("bert", tf.BertForMaskedLM),
+    ("gpt2", tf.GPT2Model),
+    ("gpt2", tf.GPT2LMHeadModel),
+    ("llama", tf.LlamaModel),
+    ("llama", tf.LlamaForCausalLM),
+]
 
 
 def _hf_model(family, cls):
@@ -53,7 +87,12 @@ def _inputs():
 def test_from_hf_gives_the_same_outputs(family, cls):
     hf_model = _hf_model(family, cls)
     ours = from_hf(hf_model).eval()
-    assert isinstance(ours, Transformer if cls in (tf.BertModel, tf.GPT2Model, tf.LlamaModel) else (MaskedLM if family == "bert" else CausalLM))
+    assert isinstance(
+        ours,
+        Transformer
+        if cls in (tf.BertModel, tf.GPT2Model, tf.LlamaModel)
+        else (MaskedLM if family == "bert" else CausalLM),
+    )
     ids, mask = _inputs()
     real = mask.bool()
     with torch.no_grad():
@@ -81,7 +120,9 @@ def test_to_hf_round_trip(family, cls):
 
 def test_our_model_to_hf_and_back():
     torch.manual_seed(0)
-    ours = CausalLM(TransformerConfig.llama(vocab_size=VOCAB, d_model=96, n_heads=6, n_kv_heads=3, n_layers=2, d_ff=136)).eval()
+    ours = CausalLM(
+        TransformerConfig.llama(vocab_size=VOCAB, d_model=96, n_heads=6, n_kv_heads=3, n_layers=2, d_ff=136)
+    ).eval()
     hf_model = to_hf(ours).eval()
     assert hf_model.config.num_key_value_heads == 3
     ids, mask = _inputs()
@@ -94,7 +135,9 @@ def test_greedy_generation_matches_transformers(family, cls):
     hf_model = _hf_model(family, cls)
     ours = from_hf(hf_model).eval()
     prompt = torch.randint(0, VOCAB, (2, 5))
-    theirs = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    theirs = hf_model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0
+    )
     assert torch.equal(generate(ours, prompt, 12), theirs)
 
 
@@ -103,7 +146,13 @@ def test_unsupported_models_are_refused():
         from_hf(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="matches none of"):
         to_hf(CausalLM(TransformerConfig(position="alibi")))
-    scaled = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=96, num_attention_heads=6, num_hidden_layers=1, intermediate_size=64,
-                            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    scaled = tf.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    )
     with pytest.raises(ValueError, match="RoPE scaling"):
         from_hf(tf.LlamaModel(scaled))

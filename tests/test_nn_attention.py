@@ -61,7 +61,9 @@ def test_math_equals_sdpa_with_padding_and_causal_mask():
     keep = torch.ones(2, 9)
     keep[1, :3] = 0  # left padding in the second sequence
     bias = padding_bias(keep)  # (B, 1, 1, Tk)
-    torch.testing.assert_close(get_attention("math")(q, k, v, True, bias), get_attention("sdpa")(q, k, v, True, bias), **TOL)
+    torch.testing.assert_close(
+        get_attention("math")(q, k, v, True, bias), get_attention("sdpa")(q, k, v, True, bias), **TOL
+    )
 
 
 def test_padding_changes_nothing_for_real_tokens():
@@ -91,7 +93,9 @@ def test_attention_with_a_cache_equals_one_pass():
     attn = Attention(d_model=48, n_heads=6, n_kv_heads=2).eval()
     x = torch.randn(2, 10, 48)
     cache = KVCache(n_layers=1, batch=2, n_kv_heads=2, head_dim=8, max_len=10)
-    steps = [attn(x[:, :6], causal=True, cache=cache)] + [attn(x[:, t : t + 1], causal=True, cache=cache) for t in range(6, 10)]
+    steps = [attn(x[:, :6], causal=True, cache=cache)] + [
+        attn(x[:, t : t + 1], causal=True, cache=cache) for t in range(6, 10)
+    ]
     torch.testing.assert_close(torch.cat(steps, dim=1), attn(x, causal=True), **TOL)
     assert cache.length == 10
     assert cache.nbytes == kv_cache_bytes(n_layers=1, n_kv_heads=2, head_dim=8, seq_len=10, batch=2, bytes_per_value=4)

@@ -1,6 +1,5 @@
 """The graders of lessons 02-05 pass correct answers and fail the common wrong ones."""
 
-
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +30,9 @@ def test_correct_answers_pass(capsys):
     assert checks.check_rmsnorm(lambda x, w, eps: F.rms_norm(x, x.shape[-1:], w, eps))
     assert checks.check_swiglu(lambda x, wg, wu, wd: (F.silu(x @ wg.T) * (x @ wu.T)) @ wd.T)
     assert checks.check_causal_mask(causal_mask)
-    assert checks.check_gqa_attention(lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c, enable_gqa=True))
+    assert checks.check_gqa_attention(
+        lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c, enable_gqa=True)
+    )
     assert checks.check_kv_cache_bytes(kv_cache_bytes)
     assert checks.check_flops_per_token(lambda n, L, T, d: 6 * n + 12 * L * T * d)
     assert capsys.readouterr().out.count("PASS") == 10
@@ -48,4 +49,6 @@ def test_wrong_answers_fail(capsys):
     assert not checks.check_flops_per_token(lambda n, L, T, d: 6 * n)
     assert not checks.check_sinusoidal(lambda p, d: sinusoidal_table(p, d).flip(-1))
     assert not checks.check_swiglu(lambda x, wg, wu, wd: (F.gelu(x @ wg.T) * (x @ wu.T)) @ wd.T)
-    assert not checks.check_layernorm(lambda x, w, b, eps: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True) * w + b)
+    assert not checks.check_layernorm(
+        lambda x, w, b, eps: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True) * w + b
+    )

@@ -43,8 +43,15 @@ def test_rmsnorm_matches_torch_and_llama():
     torch.testing.assert_close(ours(x), F.rms_norm(x, (24,), ours.weight, 1e-6), **TOL)
 
 
-@pytest.mark.parametrize("make", [lambda fused: LayerNorm(24, 1e-5, fused=fused), lambda fused: LayerNorm(24, 1e-5, bias=False, fused=fused),
-                                  lambda fused: RMSNorm(24, 1e-6, fused=fused)], ids=["layernorm", "layernorm-no-bias", "rmsnorm"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda fused: LayerNorm(24, 1e-5, fused=fused),
+        lambda fused: LayerNorm(24, 1e-5, bias=False, fused=fused),
+        lambda fused: RMSNorm(24, 1e-6, fused=fused),
+    ],
+    ids=["layernorm", "layernorm-no-bias", "rmsnorm"],
+)
 def test_fused_norms_equal_the_written_out_ones_forward_and_backward(make):
     x = (torch.randn(3, 5, 24) * 4 + 2).requires_grad_()
     written, fused = _randomise(make(False)), make(True)
@@ -64,7 +71,9 @@ def test_fused_activations_and_model_equal_the_written_out_ones():
     x = torch.linspace(-6, 6, 1001)
     for name, f in FUSED.items():
         torch.testing.assert_close(f(x), FeedForward(4, 8, name).act(x), **TOL)
-    config = TransformerConfig.bert(vocab_size=60, d_model=32, n_layers=2, n_heads=4, max_seq_len=16, activation="geglu", bias=False)
+    config = TransformerConfig.bert(
+        vocab_size=60, d_model=32, n_layers=2, n_heads=4, max_seq_len=16, activation="geglu", bias=False
+    )
     torch.manual_seed(0)
     written = MaskedLM(config).eval()
     fused = MaskedLM(TransformerConfig(**{**config.to_dict(), "fused": True})).eval()
@@ -155,6 +164,12 @@ def test_deepnorm_init_is_xavier_with_gain_beta_on_v_o_and_ffn():
         return gain * math.sqrt(2.0 / (fan_in + fan_out))
 
     # 2% relative: the sample std of >= 262k normal draws is within 0.3% of the true one
-    for linear, gain in ((block.attn.q_proj, 1.0), (block.attn.k_proj, 1.0), (block.attn.v_proj, beta),
-                         (block.attn.o_proj, beta), (block.mlp.up_proj, beta), (block.mlp.down_proj, beta)):
+    for linear, gain in (
+        (block.attn.q_proj, 1.0),
+        (block.attn.k_proj, 1.0),
+        (block.attn.v_proj, beta),
+        (block.attn.o_proj, beta),
+        (block.mlp.up_proj, beta),
+        (block.mlp.down_proj, beta),
+    ):
         assert linear.weight.std().item() == pytest.approx(xavier_std(linear, gain), rel=0.02)

@@ -88,7 +88,9 @@ def test_alibi_gives_bloom_attention_under_a_causal_mask():
 
 def test_rope_matches_llama():
     D, T, base = 16, 11, 500.0
-    config = LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": base})
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": base}
+    )
     q, k = torch.randn(2, 4, T, D), torch.randn(2, 2, T, D)
     positions = torch.arange(3, 3 + T)
     cos_hf, sin_hf = LlamaRotaryEmbedding(config)(q, positions[None])

@@ -46,8 +46,14 @@ def test_masking_rates_and_labels():
 @pytest.mark.parametrize("kwargs, match", [(dict(rate=0.0), "rate"), (dict(rate=0.15, mask=0.9, random=0.2), "sum")])
 def test_masking_rejects_bad_fractions(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        mask_tokens(torch.zeros(2, 4, dtype=torch.long), mask_id=MASK, vocab_size=10, special_ids=[0],
-                    generator=torch.Generator(), **kwargs)
+        mask_tokens(
+            torch.zeros(2, 4, dtype=torch.long),
+            mask_id=MASK,
+            vocab_size=10,
+            special_ids=[0],
+            generator=torch.Generator(),
+            **kwargs,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,14 @@ def workload(n_requests=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))
     return [
-        Request([rand(0, 64) for _ in range(rand(1, 14))], max_new_tokens=rand(1, 16), n=1 + i % 3, temperature=[0.0, 1.0][i % 2], top_k=[None, 20][i % 2], seed=i)
+        Request(
+            [rand(0, 64) for _ in range(rand(1, 14))],
+            max_new_tokens=rand(1, 16),
+            n=1 + i % 3,
+            temperature=[0.0, 1.0][i % 2],
+            top_k=[None, 20][i % 2],
+            seed=i,
+        )
         for i in range(n_requests)
     ]
 
@@ -167,7 +174,9 @@ def workload(n_requests=8, seed=0):
 @pytest.mark.parametrize("position", ["learned", "rope"])
 def test_continuous_batching_reproduces_contiguous_generation(position):
     torch.manual_seed(0)
-    cfg = TransformerConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, position=position)
+    cfg = TransformerConfig(
+        vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, position=position
+    )
     model = CausalLM(cfg).eval()
     requests = workload()
     batcher = ContinuousBatcher(model, num_blocks=20, block_size=4, max_batch=6)  # small: forces preemption
@@ -176,7 +185,13 @@ def test_continuous_batching_reproduces_contiguous_generation(position):
     for i, req in enumerate(requests):
         for j in range(req.n):
             generator = torch.Generator().manual_seed(req.seed + j)
-            ids = model.generate(torch.tensor([req.prompt]), req.max_new_tokens, temperature=req.temperature, top_k=req.top_k, generator=generator)
+            ids = model.generate(
+                torch.tensor([req.prompt]),
+                req.max_new_tokens,
+                temperature=req.temperature,
+                top_k=req.top_k,
+                generator=generator,
+            )
             assert outputs[i][j] == ids[0, len(req.prompt) :].tolist(), f"request {i}, sample {j}"
     assert batcher.cache.allocator.num_used == 0 and not batcher.cache.tables  # nothing leaked
     batcher.cache.allocator.check()
@@ -208,5 +223,7 @@ def test_graders_pass_right_answers_and_fail_wrong_ones():
     swapped = check_slot_of(lambda position, table, size: (table[position // size], position // size))
     assert not swapped and "position" in swapped.failure
     assert check_gather_kv(gather_kv)
-    heads_mixed = check_gather_kv(lambda pool, tables, length: pool[tables].flatten(1, 2).transpose(1, 2)[:, :, :length])
+    heads_mixed = check_gather_kv(
+        lambda pool, tables, length: pool[tables].flatten(1, 2).transpose(1, 2)[:, :, :length]
+    )
     assert not heads_mixed and "shape" in heads_mixed.failure

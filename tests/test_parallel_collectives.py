@@ -41,7 +41,9 @@ def _data(rank: int, shape, dtype=torch.float32) -> torch.Tensor:
 
 def _compare(failures, what, got, expected, atol=0.0):
     if got.shape != expected.shape or got.dtype != expected.dtype:
-        failures.append(f"{what}: got {tuple(got.shape)} {got.dtype}, expected {tuple(expected.shape)} {expected.dtype}")
+        failures.append(
+            f"{what}: got {tuple(got.shape)} {got.dtype}, expected {tuple(expected.shape)} {expected.dtype}"
+        )
     elif not torch.allclose(got, expected, rtol=0, atol=atol):
         failures.append(f"{what}: max |difference| {(got - expected).abs().max().item():.3g} > {atol}")
 
@@ -57,8 +59,16 @@ def _every_collective() -> list[str]:
             for op, torch_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX)):
                 ref = x.clone()
                 dist.all_reduce(ref, torch_op)
-                _compare(failures, f"ring_all_reduce {op} {tag}", ring_all_reduce(x, op), ref, tol if op == "sum" else 0.0)
-                _compare(failures, f"reduce_scatter {op} {tag}", reduce_scatter(x, op), ref.tensor_split(n)[rank], tol if op == "sum" else 0.0)
+                _compare(
+                    failures, f"ring_all_reduce {op} {tag}", ring_all_reduce(x, op), ref, tol if op == "sum" else 0.0
+                )
+                _compare(
+                    failures,
+                    f"reduce_scatter {op} {tag}",
+                    reduce_scatter(x, op),
+                    ref.tensor_split(n)[rank],
+                    tol if op == "sum" else 0.0,
+                )
             for root in range(n) if shape in ROOTED_SHAPES else ():
                 ref = x.clone()
                 dist.broadcast(ref, root)
@@ -78,7 +88,12 @@ def _every_collective() -> list[str]:
                         _compare(failures, f"gather dst={root} piece {i} {tag}", ours[i], refs[i])
                 # scatter: torch's needs equal pieces, ours splits like tensor_split
                 full = _data(root, shape, dtype)
-                _compare(failures, f"scatter src={root} {tag}", scatter(full if rank == root else torch.zeros_like(full), root), full.tensor_split(n)[rank])
+                _compare(
+                    failures,
+                    f"scatter src={root} {tag}",
+                    scatter(full if rank == root else torch.zeros_like(full), root),
+                    full.tensor_split(n)[rank],
+                )
                 if shape[0] % n == 0:
                     ref = torch.empty_like(full.tensor_split(n)[rank])
                     dist.scatter(ref, list(full.tensor_split(n)) if rank == root else None, src=root)

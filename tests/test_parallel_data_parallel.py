@@ -43,8 +43,10 @@ def _compare_with_oracles() -> dict:
     naive = NaiveDataParallel(_mlp(rank))
     theirs = nn.parallel.DistributedDataParallel(_mlp(rank))
     accum = DDP(_mlp(rank), bucket_mb=1500 / 2**20)  # two micro-batches, the first under no_sync
-    optims = {name: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-              for name, m in dict(single=single, ours=ours, naive=naive, theirs=theirs, accum=accum).items()}
+    optims = {
+        name: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        for name, m in dict(single=single, ours=ours, naive=naive, theirs=theirs, accum=accum).items()
+    }
     loss_fn = nn.MSELoss()
     diffs = {"ours-single": [], "ours-theirs": [], "naive-single": [], "accum-single": []}
     for x, y in _batches():

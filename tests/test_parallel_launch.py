@@ -37,8 +37,14 @@ def test_results_come_back_in_rank_order_with_prefixed_output(capsys):
         print(f"{label} here")
         total = torch.tensor([float(rank)])
         dist.all_reduce(total)
-        return {"rank": rank, "world": dist.get_world_size(), "value": scale * rank + offset,
-                "total": total.item(), "pid": os.getpid(), "threads": torch.get_num_threads()}
+        return {
+            "rank": rank,
+            "world": dist.get_world_size(),
+            "value": scale * rank + offset,
+            "total": total.item(),
+            "pid": os.getpid(),
+            "threads": torch.get_num_threads(),
+        }
 
     results = launch(worker, 3, 2, label="worker")
     assert [r["rank"] for r in results] == [0, 1, 2]
@@ -96,7 +102,8 @@ def test_a_hung_collective_times_out_with_a_clear_message(tmp_path):
 
 def test_the_same_worker_runs_under_torchrun(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch, torch.distributed as dist
         from llmedu.parallel import launch, ring_all_reduce
 
@@ -107,11 +114,16 @@ def test_the_same_worker_runs_under_torchrun(tmp_path):
         if __name__ == "__main__":
             results = launch(worker, 2, 3)
             print(f"rank {dist.get_rank() if dist.is_initialized() else '-'} got {results}")
-    """))
+    """)
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("got [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]") == 2, proc.stdout

@@ -21,8 +21,19 @@ BATCH, SEQ = 24, 8
 MICRO = (1, 3, 4, 8)  # 3 is a multiple of neither 2 nor 4 stages; 1 and 3 are fewer than 4 stages
 CONFIGS = {
     "gpt2 tied": dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, max_seq_len=SEQ, activation="gelu_tanh"),
-    "llama untied": dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=SEQ,
-                         position="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False),
+    "llama untied": dict(
+        vocab_size=64,
+        d_model=32,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=SEQ,
+        position="rope",
+        norm="rmsnorm",
+        activation="swiglu",
+        bias=False,
+        tie_embeddings=False,
+    ),
 }
 
 
@@ -174,13 +185,19 @@ def test_graders_of_lessons_11_to_13_pass_the_reference_and_fail_a_mistake():
 
     right_and_wrong = {
         checks.check_row_parallel_matmul: (row_split, lambda x, w, n: [x @ w / n] * n),
-        checks.check_tp_all_reduce_bytes: (lambda b, t, d, n, s: 4 * n * b * t * d * s,
-                                           lambda b, t, d, n, s: 2 * n * b * t * d * s),  # forward only
-        checks.check_one_f_one_b: (lambda m, p, s: schedule("1f1b", m, p, s),
-                                   lambda m, p, s: schedule("gpipe", m, p, s)),
+        checks.check_tp_all_reduce_bytes: (
+            lambda b, t, d, n, s: 4 * n * b * t * d * s,
+            lambda b, t, d, n, s: 2 * n * b * t * d * s,
+        ),  # forward only
+        checks.check_one_f_one_b: (
+            lambda m, p, s: schedule("1f1b", m, p, s),
+            lambda m, p, s: schedule("gpipe", m, p, s),
+        ),
         checks.check_bubble: (theoretical_bubble, lambda p, m: (p - 1) / m),
-        checks.check_partition: (partition,  # equal numbers of layers, whatever they cost
-                                 lambda c, n: [range(i * len(c) // n, (i + 1) * len(c) // n) for i in range(n)]),
+        checks.check_partition: (
+            partition,  # equal numbers of layers, whatever they cost
+            lambda c, n: [range(i * len(c) // n, (i + 1) * len(c) // n) for i in range(n)],
+        ),
         checks.check_rank_of: (rank_of, lambda d, t, p, s: (d * s[1] + t) * s[2] + p),  # pipeline fastest
     }
     for check, (right, wrong) in right_and_wrong.items():

@@ -30,8 +30,19 @@ ATOL = 1e-5
 
 CONFIGS = {  # GPT-2-like (MHA, GELU, learned positions, tied) and LLaMA-like (GQA, SwiGLU, RoPE, untied)
     "gpt2": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_seq_len=16, activation="gelu_tanh"),
-    "llama": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=8, n_kv_heads=4, max_seq_len=16, position="rope",
-                  norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False),
+    "llama": dict(
+        vocab_size=64,
+        d_model=32,
+        n_layers=2,
+        n_heads=8,
+        n_kv_heads=4,
+        max_seq_len=16,
+        position="rope",
+        norm="rmsnorm",
+        activation="swiglu",
+        bias=False,
+        tie_embeddings=False,
+    ),
 }
 
 

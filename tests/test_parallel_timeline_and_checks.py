@@ -34,7 +34,12 @@ def test_timeline_draws_one_bar_per_event_on_its_rank_and_lane():
     ax = fig.axes[0]
     bars = [p for p in ax.patches if isinstance(p, Rectangle)]
     assert len(bars) == len(EVENTS)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "rank 0 compute",
+        "rank 0 comm",
+        "rank 1 compute",
+        "rank 1 comm",
+    ]
     assert ax.get_xlabel() == "time (ms)"
     comm_rank1 = [b for b in bars if abs(b.get_y() + b.get_height() / 2 - 3) < 1e-9]  # row 3: rank 1 comm
     assert len(comm_rank1) == 1 and comm_rank1[0].get_x() == pytest.approx(21.0)

@@ -35,5 +35,7 @@ def test_lora_merge_grader():
 
 def test_prefix_parameters_grader():
     assert check_prefix_parameters(lambda p, layers, kv_heads, head_dim: p * layers * 2 * kv_heads * head_dim)
-    assert not check_prefix_parameters(lambda p, layers, kv_heads, head_dim: p * layers * kv_heads * head_dim)  # no values
+    assert not check_prefix_parameters(
+        lambda p, layers, kv_heads, head_dim: p * layers * kv_heads * head_dim
+    )  # no values
     assert not check_prefix_parameters(lambda p, layers, kv_heads, head_dim: p * 2 * kv_heads * head_dim)  # one layer

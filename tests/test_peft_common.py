@@ -31,8 +31,15 @@ from llmedu.peft.lora import LoRALinear
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -53,14 +60,17 @@ def randomise_lora(model, seed=0):
 
 
 # -- at initialisation the base model is untouched ------------------------------------------------------
-@pytest.mark.parametrize("family,method", [
-    ("llama", lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4)),
-    ("llama", lambda m: apply_adapters(m, ["o_proj", "down_proj"], bottleneck=8)),
-    ("llama", lambda m: apply_llama_adapter(m, "self_attn", n_layers=2, n_prompt=3)),
-    ("bert", lambda m: apply_lora(m, ["query", "value"], r=4)),
-    ("bert", lambda m: apply_adapters(m, r".*\.output\.dense", bottleneck=8)),
-    ("bert", lambda m: apply_llama_adapter(m, "attention.self", n_layers=1, n_prompt=3)),
-])
+@pytest.mark.parametrize(
+    "family,method",
+    [
+        ("llama", lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4)),
+        ("llama", lambda m: apply_adapters(m, ["o_proj", "down_proj"], bottleneck=8)),
+        ("llama", lambda m: apply_llama_adapter(m, "self_attn", n_layers=2, n_prompt=3)),
+        ("bert", lambda m: apply_lora(m, ["query", "value"], r=4)),
+        ("bert", lambda m: apply_adapters(m, r".*\.output\.dense", bottleneck=8)),
+        ("bert", lambda m: apply_llama_adapter(m, "attention.self", n_layers=1, n_prompt=3)),
+    ],
+)
 def test_identity_at_init(family, method, llama, tiny_bert):
     base = llama if family == "llama" else tiny_bert
     adapted = copy.deepcopy(base)
@@ -76,7 +86,9 @@ def test_llama_adapter_gate_is_what_keeps_the_identity(tiny_bert):
     with torch.no_grad():
         adapted.bert.encoder.layer[1].attention.self.adaption_gate.fill_(0.5)
     with torch.no_grad():  # hidden states: the random classifier head would shrink any difference
-        assert (adapted.bert(IDS).last_hidden_state - tiny_bert.bert(IDS).last_hidden_state).abs().max() > 1e-3  # rounding is ~1e-6
+        assert (
+            adapted.bert(IDS).last_hidden_state - tiny_bert.bert(IDS).last_hidden_state
+        ).abs().max() > 1e-3  # rounding is ~1e-6
 
 
 # -- training touches only the adapter -------------------------------------------------------------------
@@ -132,7 +144,9 @@ def test_save_and_load_only_the_adapter(method, llama, tmp_path):
         if method == "lora":
             apply_lora(model, ["q_proj", "v_proj"], r=4)
             return model
-        return (PrefixTuning(model, n_virtual=4, projection=8) if method == "prefix" else PromptTuning(model, n_virtual=4)).eval()
+        return (
+            PrefixTuning(model, n_virtual=4, projection=8) if method == "prefix" else PromptTuning(model, n_virtual=4)
+        ).eval()
 
     torch.manual_seed(5)
     trained = adapt(copy.deepcopy(llama))
@@ -178,7 +192,7 @@ def test_two_lora_adapters_served_in_one_batch(llama):
     with torch.no_grad():
         mixed = served(route, input_ids=IDS).logits
     for row, name in enumerate(route):
-        alone = logits(adapters[name], IDS[row:row + 1])[0]
+        alone = logits(adapters[name], IDS[row : row + 1])[0]
         assert (mixed[row] - alone).abs().max() < 1e-5
     with pytest.raises(KeyError, match="unknown adapters"):
         served(["pos", "other"], input_ids=IDS[:2])
@@ -198,7 +212,7 @@ def test_served_adapters_keep_their_own_trained_heads(tiny_bert):
     with torch.no_grad():
         mixed = served(["b", "a", "b"], input_ids=IDS).logits
     for row, name in enumerate(["b", "a", "b"]):
-        assert (mixed[row] - logits(adapters[name], IDS[row:row + 1])[0]).abs().max() < 1e-5
+        assert (mixed[row] - logits(adapters[name], IDS[row : row + 1])[0]).abs().max() < 1e-5
 
 
 # -- bad input ----------------------------------------------------------------------------------------------
@@ -220,13 +234,16 @@ def test_a_target_that_is_not_linear_is_an_error(llama):
         apply_lora(copy.deepcopy(llama), ["self_attn"], r=4)
 
 
-@pytest.mark.parametrize("method", [
-    lambda m: apply_lora(m, ["q_proj"], r=2),
-    lambda m: apply_adapters(m, ["o_proj"], bottleneck=2),
-    lambda m: apply_llama_adapter(m, "self_attn", n_layers=1),
-    lambda m: PromptTuning(m, n_virtual=2),
-    lambda m: PrefixTuning(m, n_virtual=2),
-])
+@pytest.mark.parametrize(
+    "method",
+    [
+        lambda m: apply_lora(m, ["q_proj"], r=2),
+        lambda m: apply_adapters(m, ["o_proj"], bottleneck=2),
+        lambda m: apply_llama_adapter(m, "self_attn", n_layers=1),
+        lambda m: PromptTuning(m, n_virtual=2),
+        lambda m: PrefixTuning(m, n_virtual=2),
+    ],
+)
 def test_applying_the_same_method_twice_is_an_error(method, llama):
     model = copy.deepcopy(llama)
     once = method(model)

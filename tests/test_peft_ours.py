@@ -22,8 +22,15 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def llamas():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     hf = LlamaForCausalLM(config).eval()
     return hf, from_hf(hf).eval()
 
@@ -31,8 +38,16 @@ def llamas():
 @pytest.fixture(scope="module")
 def berts():
     torch.manual_seed(1)
-    config = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     hf = BertModel(config, add_pooling_layer=False).eval()
     return hf, from_hf(hf).eval()
 
@@ -74,12 +89,22 @@ def check_same(hf, ours, apply_hf, apply_ours):
 def test_methods_on_our_llama(method, llamas):
     hf, ours = llamas
     if method == "lora":
-        check_same(hf, ours, lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4), lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4))
+        check_same(
+            hf,
+            ours,
+            lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4),
+            lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4),
+        )
     elif method == "adapters":
         same = lambda m: apply_adapters(m, ["o_proj", "down_proj"], bottleneck=4)  # noqa: E731
         check_same(hf, ours, same, same)
     elif method == "llama_adapter":
-        check_same(hf, ours, lambda m: apply_llama_adapter(m, "self_attn", 1, 3), lambda m: apply_llama_adapter(m, "attn", 1, 3))
+        check_same(
+            hf,
+            ours,
+            lambda m: apply_llama_adapter(m, "self_attn", 1, 3),
+            lambda m: apply_llama_adapter(m, "attn", 1, 3),
+        )
     else:
         prefix = lambda m: PrefixTuning(m, n_virtual=3).eval()  # noqa: E731
         check_same(hf, ours, prefix, prefix)
@@ -87,9 +112,16 @@ def test_methods_on_our_llama(method, llamas):
 
 def test_methods_on_our_bert(berts):
     hf, ours = berts
-    check_same(hf, ours, lambda m: apply_lora(m, ["query", "value"], r=4), lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4))
+    check_same(
+        hf, ours, lambda m: apply_lora(m, ["query", "value"], r=4), lambda m: apply_lora(m, ["q_proj", "v_proj"], r=4)
+    )
     # Their adapter sits before BERT's output projection, ours after o_proj: the same sum, one bias.
-    check_same(hf, ours, lambda m: apply_llama_adapter(m, "attention.self", 2, 3), lambda m: apply_llama_adapter(m, "attn", 2, 3))
+    check_same(
+        hf,
+        ours,
+        lambda m: apply_llama_adapter(m, "attention.self", 2, 3),
+        lambda m: apply_llama_adapter(m, "attn", 2, 3),
+    )
 
 
 def test_prefix_tuning_trains_on_our_model(llamas):

@@ -30,8 +30,15 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -55,7 +62,12 @@ def trainable(model):
 def logits_difference(theirs, ours, batch):
     ids, mask = batch
     with torch.no_grad():
-        return (theirs(input_ids=ids, attention_mask=mask).logits - ours(input_ids=ids, attention_mask=mask).logits).abs().max().item()
+        return (
+            (theirs(input_ids=ids, attention_mask=mask).logits - ours(input_ids=ids, attention_mask=mask).logits)
+            .abs()
+            .max()
+            .item()
+        )
 
 
 @pytest.mark.parametrize("family,targets", [("llama", ["q_proj", "v_proj"]), ("bert", ["query", "value"])])
@@ -93,8 +105,12 @@ def test_prompt_tuning_matches_peft(llama, batch):
 
 @pytest.mark.parametrize("projection", [None, 16])
 def test_prefix_tuning_matches_peft(projection, llama, batch):
-    config = peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=5, prefix_projection=projection is not None,
-                                     encoder_hidden_size=projection or 1)
+    config = peft.PrefixTuningConfig(
+        task_type="CAUSAL_LM",
+        num_virtual_tokens=5,
+        prefix_projection=projection is not None,
+        encoder_hidden_size=projection or 1,
+    )
     theirs = peft_model(llama, config)
     ours = PrefixTuning(copy.deepcopy(llama), n_virtual=5, projection=projection).eval()
     encoder = theirs.prompt_encoder.default

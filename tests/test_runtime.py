@@ -14,8 +14,19 @@ def test_fast_mode_is_on_in_tests():
     assert runtime.FAST is True  # conftest sets LLMEDU_FAST=1 before llmedu is imported
 
 
-@pytest.mark.parametrize("value, expected", [("1", True), ("TRUE", True), (" on ", True), ("yes", True),
-                                             ("", False), ("0", False), ("off", False), ("False", False)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("1", True),
+        ("TRUE", True),
+        (" on ", True),
+        ("yes", True),
+        ("", False),
+        ("0", False),
+        ("off", False),
+        ("False", False),
+    ],
+)
 def test_fast_mode_parses(value, expected):
     assert runtime.fast_mode(value) is expected
 

@@ -52,8 +52,9 @@ def test_gpt2_parity_with_tiktoken(gpt2):
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
     encoder = json.loads(reference_files("gpt2")["encoder.json"].read_text(encoding="utf-8"))
     ranks = {bytes(byte_of[c] for c in token): i for token, i in encoder.items() if token != "<|endoftext|>"}
-    enc = tiktoken.Encoding("gpt2-local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                            special_tokens={"<|endoftext|>": 50256})
+    enc = tiktoken.Encoding(
+        "gpt2-local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
     text = varied_text()
     assert gpt2.encode(text) == enc.encode(text, allowed_special="all")
 
@@ -109,9 +110,15 @@ def test_trained_vocabulary_and_compression_match_hf_trainer(corpus, trained):
     hf = Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
-    hf.train_from_iterator([corpus[0]], trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    hf.train_from_iterator(
+        [corpus[0]],
+        trainers.BpeTrainer(
+            vocab_size=1000,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     assert trained.vocab_size == hf.get_vocab_size() == 1000
     ours, theirs = len(trained.encode(corpus[1])), len(hf.encode(corpus[1]).ids)
     # Same algorithm; only the order of ties may differ, so compression must agree within 2%.

@@ -18,8 +18,22 @@ from llmedu.tokenizers.unigram import metaspace_words
 
 def toy() -> UnigramTokenizer:
     """A hand-made model: a few pieces with log-probabilities."""
-    scores = {"▁": -3.0, "t": -4.0, "h": -4.5, "e": -3.5, "▁t": -5.0, "he": -5.5, "▁the": -2.0, "▁th": -6.0,
-              "r": -4.0, "re": -5.0, "er": -5.0, "her": -6.5, "▁there": -7.5, "a": -3.9}
+    scores = {
+        "▁": -3.0,
+        "t": -4.0,
+        "h": -4.5,
+        "e": -3.5,
+        "▁t": -5.0,
+        "he": -5.5,
+        "▁the": -2.0,
+        "▁th": -6.0,
+        "r": -4.0,
+        "re": -5.0,
+        "er": -5.0,
+        "her": -6.5,
+        "▁there": -7.5,
+        "a": -3.9,
+    }
     tok = UnigramTokenizer()
     tok._set_vocab(["<unk>", *scores], [0.0, *scores.values()], {"<unk>": 0})
     return tok
@@ -76,8 +90,10 @@ def test_compression_matches_hf_unigram_trainer(corpus, trained):
     hf = Tokenizer(models.Unigram())
     hf.pre_tokenizer = pre_tokenizers.Metaspace()
     hf.decoder = decoders.Metaspace()
-    hf.train_from_iterator([corpus[0]], trainers.UnigramTrainer(
-        vocab_size=1500, special_tokens=["<unk>"], unk_token="<unk>", show_progress=False))
+    hf.train_from_iterator(
+        [corpus[0]],
+        trainers.UnigramTrainer(vocab_size=1500, special_tokens=["<unk>"], unk_token="<unk>", show_progress=False),
+    )
     assert trained.vocab_size == hf.get_vocab_size() == 1500
     ours, theirs = len(trained.encode(corpus[1])), len(hf.encode(corpus[1]).ids)
     # Hard (Viterbi) EM against soft EM with a digamma M-step, and a different seed: at the same size

@@ -87,8 +87,15 @@ def naive_wordpiece_vocab(text: str, vocab_size: int) -> list[str]:
         if not pairs:
             break
         total, rank = sum(symbols.values()), {t: i for i, t in enumerate(tokens)}
-        a, b = max(pairs, key=lambda p: (pairs[p] * math.log(pairs[p] * total / (symbols[p[0]] * symbols[p[1]])),
-                                         pairs[p], -rank[p[0]], -rank[p[1]]))
+        a, b = max(
+            pairs,
+            key=lambda p: (
+                pairs[p] * math.log(pairs[p] * total / (symbols[p[0]] * symbols[p[1]])),
+                pairs[p],
+                -rank[p[0]],
+                -rank[p[1]],
+            ),
+        )
         merged = a + b[2:]
         if merged not in rank:
             tokens.append(merged)

@@ -37,13 +37,20 @@ def one_update(model, data, loss_fn, accumulation):
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     micro = len(data[0] if isinstance(data, tuple) else data) // accumulation
-    batches = lambda i: tuple(t[i * micro : (i + 1) * micro] for t in data) if isinstance(data, tuple) else data[i * micro : (i + 1) * micro]
+    batches = lambda i: (
+        tuple(t[i * micro : (i + 1) * micro] for t in data)
+        if isinstance(data, tuple)
+        else data[i * micro : (i + 1) * micro]
+    )
     train(model, opt, batches, loss_fn, TrainConfig(max_steps=1, accumulation=accumulation, progress=False))
     return [b - p.detach() for b, p in zip(before, model.parameters())]
 
 
 def test_accumulation_equals_the_big_batch():
-    data = (torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.randn(32, 1, generator=torch.Generator().manual_seed(2)))
+    data = (
+        torch.randn(32, 8, generator=torch.Generator().manual_seed(1)),
+        torch.randn(32, 1, generator=torch.Generator().manual_seed(2)),
+    )
     big = one_update(mlp(), data, mse, 1)
     for k in (2, 4, 8):
         # the same sum of per-sample gradients in another order: fp32 rounding, far below 1e-6
@@ -75,8 +82,13 @@ def test_accumulation_can_grow_with_the_step():
         seen.append(i)
         return data[i]
 
-    history = train(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, mse,
-                    TrainConfig(max_steps=3, accumulation=lambda step: step + 1, progress=False))
+    history = train(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        batches,
+        mse,
+        TrainConfig(max_steps=3, accumulation=lambda step: step + 1, progress=False),
+    )
     assert seen == list(range(6)) and history["tokens"] == [4 * 8, 8 * 8, 12 * 8]
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for group in ([0], [1, 2], [3, 4, 5]):  # by hand: the mean loss over the step's micro-batches
@@ -87,13 +99,21 @@ def test_accumulation_can_grow_with_the_step():
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="accumulation must be an int >= 1"):
-        train(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), batches, mse,
-              TrainConfig(max_steps=2, accumulation=lambda step: 0, progress=False))
+        train(
+            mlp(),
+            torch.optim.SGD(mlp().parameters(), lr=0.1),
+            batches,
+            mse,
+            TrainConfig(max_steps=2, accumulation=lambda step: 0, progress=False),
+        )
 
 
 def test_accumulation_differs_with_batchnorm():
     """BatchNorm normalises with the statistics of the batch it sees: a micro-batch's, not the big one's."""
-    data = (torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.randn(32, 1, generator=torch.Generator().manual_seed(2)))
+    data = (
+        torch.randn(32, 8, generator=torch.Generator().manual_seed(1)),
+        torch.randn(32, 1, generator=torch.Generator().manual_seed(2)),
+    )
     big = one_update(mlp(norm=True), data, mse, 1)
     small = one_update(mlp(norm=True), data, mse, 4)
     worst = max((a - b).abs().max().item() for a, b in zip(small, big))
@@ -103,14 +123,25 @@ def test_accumulation_differs_with_batchnorm():
 # -- checkpoints and resume ------------------------------------------------------------------------
 def resumable_setup(seed):
     torch.manual_seed(seed)
-    model = CausalLM(TransformerConfig.gpt2(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16, dropout=0.1))
+    model = CausalLM(
+        TransformerConfig.gpt2(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16, dropout=0.1)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     batches = lambda i: torch.randint(0, 50, (4, 16))  # drawn from the global RNG: resuming must restore it
     return model, opt, batches
 
 
 def config(tmp_path, **kw):
-    return TrainConfig(max_steps=10, accumulation=2, clip_grad_norm=1.0, schedule=warmup_cosine(3, 10), checkpoint_dir=tmp_path, checkpoint_every=4, progress=False, **kw)
+    return TrainConfig(
+        max_steps=10,
+        accumulation=2,
+        clip_grad_norm=1.0,
+        schedule=warmup_cosine(3, 10),
+        checkpoint_dir=tmp_path,
+        checkpoint_every=4,
+        progress=False,
+        **kw,
+    )
 
 
 class Killed(Exception):
@@ -158,7 +189,14 @@ def test_resume_from_bad_checkpoints_is_a_clear_error_and_changes_nothing(tmp_pa
     with pytest.raises(CheckpointError, match="not a folder"):
         train(model, opt, batches, gpt_loss, TrainConfig(max_steps=4, progress=False), resume=tmp_path / "step-000999")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        train(model, opt, batches, gpt_loss, TrainConfig(max_steps=4, checkpoint_dir=tmp_path / "empty", progress=False), resume=True)
+        train(
+            model,
+            opt,
+            batches,
+            gpt_loss,
+            TrainConfig(max_steps=4, checkpoint_dir=tmp_path / "empty", progress=False),
+            resume=True,
+        )
     with pytest.raises(FileExistsError, match="already holds checkpoints"):
         train(model, opt, batches, gpt_loss, TrainConfig(max_steps=4, checkpoint_dir=tmp_path, progress=False))
 
@@ -166,9 +204,11 @@ def test_resume_from_bad_checkpoints_is_a_clear_error_and_changes_nothing(tmp_pa
     bad.mkdir()
     (bad / "state.json").write_text((good / "state.json").read_text())
     payload = tmp_path / "pwned"
+
     class Evil:
         def __reduce__(self):
             return (open, (str(payload), "w"))
+
     (bad / "tensors.safetensors").write_bytes(pickle.dumps(Evil()))  # a pickle dressed as safetensors
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         ckpt.load(bad, model, opt)
@@ -196,7 +236,14 @@ def test_resume_from_bad_checkpoints_is_a_clear_error_and_changes_nothing(tmp_pa
 
 
 def test_bad_config_is_rejected():
-    for bad in (dict(max_steps=3, accumulation=0), dict(max_steps=3, accumulation=1.5), dict(), dict(max_steps=0), dict(max_seconds=-1.0), dict(max_steps=3, checkpoint_every=2)):
+    for bad in (
+        dict(max_steps=3, accumulation=0),
+        dict(max_steps=3, accumulation=1.5),
+        dict(),
+        dict(max_steps=0),
+        dict(max_seconds=-1.0),
+        dict(max_steps=3, checkpoint_every=2),
+    ):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
     with pytest.raises(ValueError, match="accumulation must be an int >= 1"):
@@ -206,12 +253,24 @@ def test_bad_config_is_rejected():
 def test_budgets_data_end_and_the_monitor():
     model = mlp()
     data = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(5)]
-    history = train(model, torch.optim.SGD(model.parameters(), lr=0.1), data, mse, TrainConfig(max_steps=100, accumulation=2, progress=False))
+    history = train(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        mse,
+        TrainConfig(max_steps=100, accumulation=2, progress=False),
+    )
     assert history.stop_reason == "data" and len(history.steps) == 2 and all(p.grad is None for p in model.parameters())
 
     with LiveMonitor(title="test", live=False) as mon:
-        history = train(model, torch.optim.SGD(model.parameters(), lr=0.1), lambda i: data[i % 5], mse,
-                        TrainConfig(max_seconds=0.3, progress=False), callbacks=[log_to(mon, ("loss", "grad_norm"))])
+        history = train(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            lambda i: data[i % 5],
+            mse,
+            TrainConfig(max_seconds=0.3, progress=False),
+            callbacks=[log_to(mon, ("loss", "grad_norm"))],
+        )
     assert history.stop_reason == "seconds" and history.steps[-1].elapsed >= 0.3
     assert mon.history["loss"] == history["loss"] and mon.steps == [s.step for s in history.steps]
     assert all(s.tokens == 4 * 8 for s in history.steps)  # the first tensor of each (x, y) batch
@@ -221,7 +280,13 @@ def test_resume_restores_the_loss_scaler(tmp_path):
     """fp16: the loss scale and its clean-step counter must survive a restart, or the next steps differ."""
     from llmedu.train import LossScaler, Precision
 
-    data = [(torch.randn(16, 8, generator=torch.Generator().manual_seed(i)), torch.randn(16, 1, generator=torch.Generator().manual_seed(100 + i))) for i in range(12)]
+    data = [
+        (
+            torch.randn(16, 8, generator=torch.Generator().manual_seed(i)),
+            torch.randn(16, 1, generator=torch.Generator().manual_seed(100 + i)),
+        )
+        for i in range(12)
+    ]
 
     def run(directory, **kw):
         model = mlp()

@@ -39,7 +39,9 @@ def test_scaler_makes_the_same_decisions_as_grad_scaler():
     assert ours[0] == theirs[0]  # the scale before every step: exactly (powers of two)
     assert ours[1] == theirs[1]  # skipped exactly when GradScaler skipped
     assert torch.equal(ours[2], theirs[2])  # and the same final weights, bit for bit
-    assert ours[1].count(False) == 4 and max(ours[0]) > 2.0**10 and min(ours[0]) < 2.0**10  # the script did exercise both
+    assert (
+        ours[1].count(False) == 4 and max(ours[0]) > 2.0**10 and min(ours[0]) < 2.0**10
+    )  # the script did exercise both
 
 
 def test_scaler_misuse_and_state():
@@ -62,6 +64,7 @@ def test_fp16_underflow_and_why_scaling_helps():
 def test_master_weights_keep_small_updates_that_fp16_rounds_away():
     """w = 1 and 400 updates of -1e-4: fp16 weights cannot move (spacing near 1 is 2^-10 ~ 1e-3),
     fp32 masters accumulate them: 1 - 0.04 = 0.96 up to fp16 rounding of the final copy."""
+
     def run(with_masters):
         model = torch.nn.Linear(1, 1, bias=False)
         torch.nn.init.ones_(model.weight)
@@ -105,7 +108,9 @@ def test_number_formats():
     assert bit_pattern(65504.0, torch.float16) == "0 11110 1111111111"  # fp16's largest number
     fp16, bf16 = format_info(torch.float16), format_info(torch.bfloat16)
     assert fp16["max"] == 65504.0 and fp16["smallest subnormal"] == 2.0**-24
-    assert bf16["smallest subnormal"] == 2.0**-133 and bf16["max"] == torch.finfo(torch.float32).max * (1 - 2**-8) / (1 - 2**-24)
+    assert bf16["smallest subnormal"] == 2.0**-133 and bf16["max"] == torch.finfo(torch.float32).max * (1 - 2**-8) / (
+        1 - 2**-24
+    )
     assert torch.tensor(fp16["smallest subnormal"] / 2, dtype=torch.float32).half().item() == 0.0
 
 
@@ -124,7 +129,9 @@ def test_fp16_training_skips_overflowing_steps_and_backs_off():
     x, y = torch.randn(64, 8), torch.randn(64, 1)
     policy = Precision("fp16", LossScaler(init_scale=2.0**40, growth_interval=1000))
     config = TrainConfig(max_steps=60, precision=policy, progress=False)
-    history = train(model, opt, lambda i: (x, y), lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]), config)
+    history = train(
+        model, opt, lambda i: (x, y), lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]), config
+    )
     skipped, scales = history["skipped"], history["loss_scale"]
     assert skipped[0] and not skipped[-1]
     assert all(b == a / 2 for a, b, s in zip(scales, scales[1:], skipped) if s)  # back off on every overflow
@@ -139,9 +146,17 @@ def test_bf16_autocast_trains_like_fp32():
     for precision in ("fp32", "bf16"):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
-        x, y = torch.randn(128, 16, generator=torch.Generator().manual_seed(1)), torch.randn(128, 1, generator=torch.Generator().manual_seed(2))
-        h = train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), lambda i: (x, y),
-                  lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]), TrainConfig(max_steps=30, precision=precision, progress=False))
+        x, y = (
+            torch.randn(128, 16, generator=torch.Generator().manual_seed(1)),
+            torch.randn(128, 1, generator=torch.Generator().manual_seed(2)),
+        )
+        h = train(
+            model,
+            torch.optim.AdamW(model.parameters(), lr=1e-2),
+            lambda i: (x, y),
+            lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]),
+            TrainConfig(max_steps=30, precision=precision, progress=False),
+        )
         assert model[0].weight.dtype == torch.float32  # autocast leaves the weights (the masters) in fp32
         losses[precision] = h["loss"]
     assert losses["bf16"][0] == pytest.approx(losses["fp32"][0], rel=1e-2)

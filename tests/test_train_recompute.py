@@ -10,7 +10,9 @@ from llmedu.models.gpt import lm_loss
 from llmedu.train import POLICIES, apply_policy
 from llmedu.train.recompute import checkpoint, recompute_modules, restore
 
-CONFIG = TransformerConfig.gpt2(vocab_size=64, d_model=32, n_layers=4, n_heads=4, max_seq_len=64, dropout=0.1, attn_impl="math")
+CONFIG = TransformerConfig.gpt2(
+    vocab_size=64, d_model=32, n_layers=4, n_heads=4, max_seq_len=64, dropout=0.1, attn_impl="math"
+)
 
 
 def gpt(policy: str) -> CausalLM:
@@ -54,7 +56,9 @@ def test_the_gradient_test_can_fail_without_the_restored_rng(monkeypatch):
 
 def test_checkpoint_matches_torch_utils_checkpoint():
     torch.manual_seed(0)
-    layer = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    layer = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Dropout(0.5), torch.nn.GELU(), torch.nn.Linear(32, 16)
+    )
     x = torch.randn(8, 16, requires_grad=True)
 
     def run(fn):

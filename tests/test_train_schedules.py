@@ -39,7 +39,9 @@ def test_cosine_matches_torch():
 def test_warmup_then_cosine_matches_torch():
     warm, total = 10, 60
     expected = torch_rates(
-        lambda o: S.SequentialLR(o, [S.LambdaLR(o, lambda i: i / warm), S.CosineAnnealingLR(o, T_max=total - warm)], milestones=[warm]),
+        lambda o: S.SequentialLR(
+            o, [S.LambdaLR(o, lambda i: i / warm), S.CosineAnnealingLR(o, T_max=total - warm)], milestones=[warm]
+        ),
         total,
     )
     assert ours(schedules.warmup_cosine(warm, total), total) == pytest.approx(expected, rel=1e-12, abs=1e-15)
@@ -48,21 +50,29 @@ def test_warmup_then_cosine_matches_torch():
 def test_linear_matches_torch():
     warm, total = 5, 40
     expected = torch_rates(
-        lambda o: S.SequentialLR(o, [S.LambdaLR(o, lambda i: i / warm), S.LinearLR(o, 1.0, 0.2, total_iters=total - warm)], milestones=[warm]),
+        lambda o: S.SequentialLR(
+            o, [S.LambdaLR(o, lambda i: i / warm), S.LinearLR(o, 1.0, 0.2, total_iters=total - warm)], milestones=[warm]
+        ),
         total + 3,
     )
-    assert ours(schedules.warmup_linear(warm, total, final=0.2), total + 3) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert ours(schedules.warmup_linear(warm, total, final=0.2), total + 3) == pytest.approx(
+        expected, rel=1e-12, abs=1e-15
+    )
 
 
 def test_one_cycle_matches_torch():
     total = 100
-    expected = torch_rates(lambda o: S.OneCycleLR(o, max_lr=BASE, total_steps=total, pct_start=0.25, cycle_momentum=False), total)
+    expected = torch_rates(
+        lambda o: S.OneCycleLR(o, max_lr=BASE, total_steps=total, pct_start=0.25, cycle_momentum=False), total
+    )
     assert ours(schedules.one_cycle(total, pct_start=0.25), total) == pytest.approx(expected, rel=1e-12)
 
 
 def test_triangular_matches_torch():
     low = 0.01
-    expected = torch_rates(lambda o: S.CyclicLR(o, base_lr=low * BASE, max_lr=BASE, step_size_up=7, cycle_momentum=False), 50)
+    expected = torch_rates(
+        lambda o: S.CyclicLR(o, base_lr=low * BASE, max_lr=BASE, step_size_up=7, cycle_momentum=False), 50
+    )
     assert ours(schedules.triangular(7, low), 50) == pytest.approx(expected, rel=1e-12)
 
 

@@ -44,9 +44,21 @@ def check_tree_schedule(tree_schedule: Callable[[int, int], list]) -> CheckResul
             for i, pairs in enumerate(rounds):
                 pairs = [tuple(p) for p in pairs]
                 senders, receivers = [s for s, _ in pairs], [r for _, r in pairs]
-                g.expect(f"{case}, round {i}: senders have the data", all(s in have for s in senders), f"{pairs}, holders {sorted(have)}")
-                g.expect(f"{case}, round {i}: receivers do not have it yet", not any(r in have for r in receivers), f"{pairs}")
-                g.expect(f"{case}, round {i}: one message per rank", len(set(senders)) == len(senders) and len(set(receivers)) == len(receivers), f"{pairs}")
+                g.expect(
+                    f"{case}, round {i}: senders have the data",
+                    all(s in have for s in senders),
+                    f"{pairs}, holders {sorted(have)}",
+                )
+                g.expect(
+                    f"{case}, round {i}: receivers do not have it yet",
+                    not any(r in have for r in receivers),
+                    f"{pairs}",
+                )
+                g.expect(
+                    f"{case}, round {i}: one message per rank",
+                    len(set(senders)) == len(senders) and len(set(receivers)) == len(receivers),
+                    f"{pairs}",
+                )
                 have |= set(receivers)
             g.expect(f"{case}: everyone reached", have == set(range(n)), f"only {sorted(have)}")
             g.expect(f"{case}: in ceil(log2 N) rounds", len(rounds) == (n - 1).bit_length(), f"{len(rounds)} rounds")
@@ -57,8 +69,11 @@ def check_ring_all_reduce_bytes(fn: Callable[[int, int, int], list]) -> CheckRes
     """``fn(numel, world_size, element_size)``: bytes each rank sends in our ring all-reduce."""
     g = Grader("check_ring_all_reduce_bytes")
     for numel, n, size in [(12, 4, 4), (1000, 2, 4), (1001, 4, 4), (7, 3, 8), (3, 4, 2), (100, 1, 4)]:
-        g.compare(f"numel={numel}, world_size={n}, element_size={size}", g.call(fn, numel, n, size),
-                  ring_all_reduce_bytes(numel, n, size))
+        g.compare(
+            f"numel={numel}, world_size={n}, element_size={size}",
+            g.call(fn, numel, n, size),
+            ring_all_reduce_bytes(numel, n, size),
+        )
     return g.result()
 
 

@@ -1,10 +1,10 @@
 """Graders for lesson 18 (Cramming): packing, sparse prediction, the wall-clock budget.
 
-    check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
-                                   stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding
-    check_sparse_mlm_loss(fn)      fn(model, batch) -> the MLM loss computed by running the head on the
-                                   masked positions only; it must equal the loss of the full head
-    check_parse_budget(fn)         fn("10m") -> 600.0; '30s', '24h', '1.5h', seconds; a ValueError otherwise
+check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
+                               stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding
+check_sparse_mlm_loss(fn)      fn(model, batch) -> the MLM loss computed by running the head on the
+                               masked positions only; it must equal the loss of the full head
+check_parse_budget(fn)         fn("10m") -> 600.0; '30s', '24h', '1.5h', seconds; a ValueError otherwise
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ def check_sparse_mlm_loss(fn) -> CheckResult:
     got = g.call(fn, model, batch)
     if g.compare("the loss over the masked positions", got, expected.detach(), rtol=1e-5, atol=1e-6):
         got.backward()
-        g.compare("the gradient of the token embeddings", model.transformer.tok_embed.weight.grad, expected_grad,
-                  rtol=1e-4, atol=1e-7)
+        g.compare(
+            "the gradient of the token embeddings",
+            model.transformer.tok_embed.weight.grad,
+            expected_grad,
+            rtol=1e-4,
+            atol=1e-7,
+        )
     return g.result()
 
 
@@ -56,6 +61,7 @@ def check_parse_budget(fn) -> CheckResult:
     g = Grader("check_parse_budget")
     for text in ("30s", "10m", "24h", "1.5h", "90"):
         g.compare(repr(text), g.call(fn, text), parse_budget(text))
+
     def rejects(text: str) -> bool:
         try:
             fn(text)

@@ -24,12 +24,18 @@ def check_matmul_flops(fn) -> CheckResult:
     for m, k, n in _SHAPES:
         got = g.call(fn, m, k, n)
         if isinstance(got, (int, float)) and got == m * k * n:  # the most common slip, named
-            g.expect(f"({m}x{k})@({k}x{n})", False,
-                     f"got {got}, which counts multiply-adds; each is 2 FLOPs (a multiply and an add)")
+            g.expect(
+                f"({m}x{k})@({k}x{n})",
+                False,
+                f"got {got}, which counts multiply-adds; each is 2 FLOPs (a multiply and an add)",
+            )
         if isinstance(got, (int, float)) and got == m * n * (2 * k - 1) != m * k * n:
-            g.expect(f"({m}x{k})@({k}x{n})", False,
-                     f"got {got}, the exact count m*n*(2k-1); the convention (also torch.utils.flop_counter's) "
-                     "counts k multiply-adds per output, 2 FLOPs each")
+            g.expect(
+                f"({m}x{k})@({k}x{n})",
+                False,
+                f"got {got}, the exact count m*n*(2k-1); the convention (also torch.utils.flop_counter's) "
+                "counts k multiply-adds per output, 2 FLOPs each",
+            )
         g.compare(f"({m}x{k})@({k}x{n})", got, roofline.matmul_flops(m, k, n), rtol=1e-12)
     return g.result()
 
@@ -50,7 +56,10 @@ def check_attainable_flops(fn) -> CheckResult:
     g = Grader("check_attainable_flops")
     peak, bandwidth = 989e12, 3.35e12  # H100 SXM: ridge point at ~295 FLOP/B
     for intensity in (0.25, 1.25, 60.8, 295.0, 1365.3):
-        g.compare(f"intensity {intensity} FLOP/B on a {peak:.3g} FLOP/s, {bandwidth:.3g} B/s chip",
-                  g.call(fn, intensity, peak, bandwidth), roofline.attainable_flops(intensity, peak, bandwidth),
-                  rtol=1e-9)
+        g.compare(
+            f"intensity {intensity} FLOP/B on a {peak:.3g} FLOP/s, {bandwidth:.3g} B/s chip",
+            g.call(fn, intensity, peak, bandwidth),
+            roofline.attainable_flops(intensity, peak, bandwidth),
+            rtol=1e-9,
+        )
     return g.result()

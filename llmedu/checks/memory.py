@@ -1,7 +1,7 @@
 """Graders for the memory lesson (06): the bytes of model states per rank under ZeRO.
 
-    check_zero_bytes(fn)   fn(n_params, world_size, stage) -> bytes of model states on one rank,
-                           mixed precision with Adam (K = 12), ZeRO stage 0 (plain data parallel) to 3
+check_zero_bytes(fn)   fn(n_params, world_size, stage) -> bytes of model states on one rank,
+                       mixed precision with Adam (K = 12), ZeRO stage 0 (plain data parallel) to 3
 """
 
 from __future__ import annotations

@@ -61,7 +61,11 @@ def check_alibi_slopes(fn) -> CheckResult:
 
 def check_rope(fn) -> CheckResult:
     g = Grader("check_rope")
-    for (B, H, T, D), start, base in (((1, 1, 3, 2), 0, 10000.0), ((2, 3, 5, 8), 7, 10000.0), ((1, 2, 9, 16), 0, 500.0)):
+    for (B, H, T, D), start, base in (
+        ((1, 1, 3, 2), 0, 10000.0),
+        ((2, 3, 5, 8), 7, 10000.0),
+        ((1, 2, 9, 16), 0, 500.0),
+    ):
         x = torch.randn(B, H, T, D, generator=_gen(T))
         pos = torch.arange(start, start + T)
         cos, sin = rope_cos_sin(pos, D, base)
@@ -92,7 +96,9 @@ def check_rmsnorm(fn) -> CheckResult:
             centred = LayerNorm(shape[-1], eps, bias=False)
             centred.weight.data = ref.weight.data
             if torch.allclose(got, centred(x).detach(), atol=TOL):
-                g.expect(f"x of shape {shape}", False, "you subtracted the mean: that is LayerNorm; RMSNorm only rescales")
+                g.expect(
+                    f"x of shape {shape}", False, "you subtracted the mean: that is LayerNorm; RMSNorm only rescales"
+                )
         g.compare(f"x of shape {shape}, eps={eps}", got, ref(x).detach(), atol=TOL)
     return g.result()
 
@@ -104,7 +110,9 @@ def check_swiglu(fn) -> CheckResult:
         wg, wu = torch.randn(d_ff, d, generator=_gen(1)), torch.randn(d_ff, d, generator=_gen(2))
         wd = torch.randn(d, d_ff, generator=_gen(3))
         expected = F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
-        g.compare(f"d_model={d}, d_ff={d_ff}", g.call(fn, x, wg, wu, wd), expected, atol=1e-4)  # sums of ~40 O(10) terms
+        g.compare(
+            f"d_model={d}, d_ff={d_ff}", g.call(fn, x, wg, wu, wd), expected, atol=1e-4
+        )  # sums of ~40 O(10) terms
     return g.result()
 
 
@@ -129,7 +137,9 @@ def check_kv_cache_bytes(fn) -> CheckResult:
     g = Grader("check_kv_cache_bytes")
     cases = [(2, 4, 8, 16, 1, 4), (32, 32, 128, 4096, 1, 2), (80, 8, 128, 4096, 8, 2)]  # toy, Llama-2 7B, 70B (GQA)
     for args in cases:
-        g.compare(f"layers, kv heads, head dim, tokens, batch, bytes = {args}", g.call(fn, *args), kv_cache_bytes(*args))
+        g.compare(
+            f"layers, kv heads, head dim, tokens, batch, bytes = {args}", g.call(fn, *args), kv_cache_bytes(*args)
+        )
     return g.result()
 
 

@@ -36,8 +36,11 @@ def check_row_parallel_matmul(fn: Callable[[torch.Tensor, torch.Tensor, int], li
         x, w = torch.randn(shape_x, generator=gen), torch.randn(shape_x[-1], cols, generator=gen)
         pieces = g.call(fn, x, w, n)
         case = f"x {tuple(x.shape)}, w {tuple(w.shape)}, n={n}"
-        if not g.expect(f"{case}: a list of {n} pieces", isinstance(pieces, (list, tuple)) and len(pieces) == n,
-                        f"got {type(pieces).__name__} of length {len(pieces) if hasattr(pieces, '__len__') else '?'}"):
+        if not g.expect(
+            f"{case}: a list of {n} pieces",
+            isinstance(pieces, (list, tuple)) and len(pieces) == n,
+            f"got {type(pieces).__name__} of length {len(pieces) if hasattr(pieces, '__len__') else '?'}",
+        ):
             continue
         for i, (xi, wi) in enumerate(zip(x.chunk(n, -1), w.chunk(n, 0))):
             g.compare(f"{case}: rank {i}'s partial product", pieces[i], xi @ wi, atol=1e-5)
@@ -55,8 +58,11 @@ def check_tp_all_reduce_bytes(fn: Callable[[int, int, int, int, int], int]) -> C
     g = Grader("check_tp_all_reduce_bytes")
     for args in [(1, 1, 1, 1, 4), (8, 128, 768, 12, 2), (4, 1024, 4096, 32, 2), (2, 16, 64, 3, 4)]:
         b, t, d, n_layers, size = args
-        g.compare(f"batch={b}, seq={t}, d_model={d}, n_layers={n_layers}, bytes={size}", g.call(fn, *args),
-                  4 * n_layers * b * t * d * size)
+        g.compare(
+            f"batch={b}, seq={t}, d_model={d}, n_layers={n_layers}, bytes={size}",
+            g.call(fn, *args),
+            4 * n_layers * b * t * d * size,
+        )
     return g.result()
 
 
@@ -83,13 +89,21 @@ def check_bubble(fn: Callable[[int, int], float]) -> CheckResult:
 def check_partition(fn: Callable[[list, int], list]) -> CheckResult:
     """``fn(costs, n_stages)`` -> contiguous ranges of layer indices whose largest total cost is minimal."""
     g = Grader("check_partition")
-    for costs, n in [([1, 1, 1, 1], 2), ([5, 1, 1, 1, 1, 1], 2), ([3, 1, 4, 1, 5, 9, 2, 6], 3), ([2, 2, 2], 3),
-                     ([1, 7, 1, 1, 1, 1, 7, 1], 4)]:
+    for costs, n in [
+        ([1, 1, 1, 1], 2),
+        ([5, 1, 1, 1, 1, 1], 2),
+        ([3, 1, 4, 1, 5, 9, 2, 6], 3),
+        ([2, 2, 2], 3),
+        ([1, 7, 1, 1, 1, 1, 7, 1], 4),
+    ]:
         got = g.call(fn, costs, n)
         case = f"costs={costs}, n_stages={n}"
         flat = [i for r in got for i in r] if isinstance(got, (list, tuple)) else None
-        if not g.expect(f"{case}: {n} contiguous stages covering every layer once",
-                        flat == list(range(len(costs))) and len(got) == n and all(len(r) for r in got), f"got {got}"):
+        if not g.expect(
+            f"{case}: {n} contiguous stages covering every layer once",
+            flat == list(range(len(costs))) and len(got) == n and all(len(r) for r in got),
+            f"got {got}",
+        ):
             continue
         best = max(sum(costs[i] for i in r) for r in partition(costs, n))
         g.compare(f"{case}: the most expensive stage", max(sum(costs[i] for i in r) for r in got), best)
@@ -103,6 +117,9 @@ def check_rank_of(fn: Callable[[int, int, int, tuple], int]) -> CheckResult:
         for d in range(sizes[0]):
             for t in range(sizes[1]):
                 for p in range(sizes[2]):
-                    g.compare(f"(dp, tp, pp)=({d}, {t}, {p}) of sizes {sizes}", g.call(fn, d, t, p, sizes),
-                              rank_of(d, t, p, sizes))
+                    g.compare(
+                        f"(dp, tp, pp)=({d}, {t}, {p}) of sizes {sizes}",
+                        g.call(fn, d, t, p, sizes),
+                        rank_of(d, t, p, sizes),
+                    )
     return g.result()

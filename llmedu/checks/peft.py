@@ -1,11 +1,11 @@
 """Graders for lesson 17, parameter-efficient fine-tuning.
 
-    check_lora_forward(fn)        fn(x, weight, bias, A, B, alpha) -> W0 x + b + (alpha / r) B A x, the LoRA layer
-                                  (Hu et al. 2021, eq. 3); r is read from A's shape
-    check_lora_merge(fn)          fn(weight, A, B, alpha) -> the merged weight W0 + (alpha / r) B A, which must
-                                  compute what the unmerged layer computes
-    check_prefix_parameters(fn)   fn(n_virtual, n_layers, n_kv_heads, head_dim) -> trainable parameters of
-                                  prefix tuning without the MLP: a key and a value per virtual token and layer
+check_lora_forward(fn)        fn(x, weight, bias, A, B, alpha) -> W0 x + b + (alpha / r) B A x, the LoRA layer
+                              (Hu et al. 2021, eq. 3); r is read from A's shape
+check_lora_merge(fn)          fn(weight, A, B, alpha) -> the merged weight W0 + (alpha / r) B A, which must
+                              compute what the unmerged layer computes
+check_prefix_parameters(fn)   fn(n_virtual, n_layers, n_kv_heads, head_dim) -> trainable parameters of
+                              prefix tuning without the MLP: a key and a value per virtual token and layer
 """
 
 from __future__ import annotations
@@ -40,7 +40,15 @@ def check_lora_forward(fn) -> CheckResult:
             x = torch.randn(3, 5, d_in)  # (B, T, d_in)
             with torch.no_grad():
                 expected = layer(x)
-                got = g.call(fn, x, layer.base.weight.clone(), layer.base.bias.clone(), layer.lora_A.clone(), layer.lora_B.clone(), alpha)
+                got = g.call(
+                    fn,
+                    x,
+                    layer.base.weight.clone(),
+                    layer.base.bias.clone(),
+                    layer.lora_A.clone(),
+                    layer.lora_B.clone(),
+                    alpha,
+                )
             g.compare(f"d_in={d_in}, d_out={d_out}, r={r}, alpha={alpha}", got, expected, atol=1e-5, rtol=1e-5)
     return g.result()
 
@@ -53,11 +61,18 @@ def check_lora_merge(fn) -> CheckResult:
         layer = _lora_layer(d_in, d_out, r, alpha, seed)
         weight = layer.base.weight.detach().clone()
         got = g.call(fn, weight.clone(), layer.lora_A.detach().clone(), layer.lora_B.detach().clone(), alpha)
-        g.compare(f"merged weight, d_in={d_in}, d_out={d_out}, r={r}", got, weight + layer.delta_weight().detach(), atol=1e-5)
+        g.compare(
+            f"merged weight, d_in={d_in}, d_out={d_out}, r={r}", got, weight + layer.delta_weight().detach(), atol=1e-5
+        )
         if isinstance(got, torch.Tensor) and got.shape == weight.shape:
             x = torch.randn(4, d_in)
             with torch.no_grad():
-                g.compare("x W_merged^T + b equals the LoRA layer's output", nn.functional.linear(x, got, layer.base.bias), layer(x), atol=1e-5)
+                g.compare(
+                    "x W_merged^T + b equals the LoRA layer's output",
+                    nn.functional.linear(x, got, layer.base.bias),
+                    layer(x),
+                    atol=1e-5,
+                )
     return g.result()
 
 
@@ -67,8 +82,12 @@ def check_prefix_parameters(fn) -> CheckResult:
 
     g = Grader("check_prefix_parameters")
     for n_virtual, n_layers, n_heads, n_kv_heads in [(4, 2, 4, 4), (10, 3, 4, 2), (1, 1, 2, 1)]:
-        config = TransformerConfig.llama(vocab_size=32, d_model=16, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers, d_ff=32)
+        config = TransformerConfig.llama(
+            vocab_size=32, d_model=16, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers, d_ff=32
+        )
         expected = count_parameters(PrefixTuning(CausalLM(config), n_virtual=n_virtual))[0]
         got = g.call(fn, n_virtual, n_layers, n_kv_heads, config.head_dim)
-        g.compare(f"{n_virtual} virtual tokens, {n_layers} layers, {n_kv_heads} KV heads of {config.head_dim}", got, expected)
+        g.compare(
+            f"{n_virtual} virtual tokens, {n_layers} layers, {n_kv_heads} KV heads of {config.head_dim}", got, expected
+        )
     return g.result()

@@ -22,22 +22,43 @@ from collections import Counter
 from ..tokenizers.pairs import merge_pair as _merge_pair
 from .core import Grader
 
-__all__ = ["check_count_pairs", "check_merge_pair", "check_wordpiece", "check_viterbi", "hard_strings",
-           "varied_text", "wordpiece_reference", "viterbi_reference"]
+__all__ = [
+    "check_count_pairs",
+    "check_merge_pair",
+    "check_wordpiece",
+    "check_viterbi",
+    "hard_strings",
+    "varied_text",
+    "wordpiece_reference",
+    "viterbi_reference",
+]
 
 
 def hard_strings() -> list[str]:
     """Short strings that break careless tokenizers: unicode, emoji, whitespace runs, numbers, code."""
     return [
-        "Hello world", "", " ", "  leading and trailing  ", "tabs\tand\nnewlines\r\n\n\n   runs",
-        "naïve café, Ångström, São Paulo, Zürich, ĳ ǅ ﬁ ß İstanbul", "Ελληνικά, русский язык, עברית, العربية",
-        "中文文本的分词：每个汉字。日本語の文章、カタカナ。한국어 문장입니다.", "हिन्दी भाषा, தமிழ்",
-        "emoji 😀🎉👍🏽 👩‍👩‍👧‍👦 🇯🇵 and ⚡️", "3.14159 -42 1e-9 2026-11-21 0xDEADBEEF 1,234,567.89 ½ ² ٣",
-        "def f(x):\n    return {'a': [1, 2]}  # comment\n\tif x != y: pass", "it's we'll they're I'M DON'T o'clock",
-        "e-mail: someone@example.com, https://example.org/a?b=c&d=e#f", "ALLCAPS camelCase snake_case kebab-case",
-        "\u00a0non\u00a0breaking\u2003em\u3000ideographic\u2028line\u2029para", "zero\u200bwidth\u200djoiner\ufeffbom",
-        "control\x07chars\x1b[0m and \x00 null", "combining e\u0301 a\u0308 n\u0303", "x" * 120 + " " + "ab" * 70,
-        "...!!!???---___***", "Supercalifragilisticexpialidocious antidisestablishmentarianism",
+        "Hello world",
+        "",
+        " ",
+        "  leading and trailing  ",
+        "tabs\tand\nnewlines\r\n\n\n   runs",
+        "naïve café, Ångström, São Paulo, Zürich, ĳ ǅ ﬁ ß İstanbul",
+        "Ελληνικά, русский язык, עברית, العربية",
+        "中文文本的分词：每个汉字。日本語の文章、カタカナ。한국어 문장입니다.",
+        "हिन्दी भाषा, தமிழ்",
+        "emoji 😀🎉👍🏽 👩‍👩‍👧‍👦 🇯🇵 and ⚡️",
+        "3.14159 -42 1e-9 2026-11-21 0xDEADBEEF 1,234,567.89 ½ ² ٣",
+        "def f(x):\n    return {'a': [1, 2]}  # comment\n\tif x != y: pass",
+        "it's we'll they're I'M DON'T o'clock",
+        "e-mail: someone@example.com, https://example.org/a?b=c&d=e#f",
+        "ALLCAPS camelCase snake_case kebab-case",
+        "\u00a0non\u00a0breaking\u2003em\u3000ideographic\u2028line\u2029para",
+        "zero\u200bwidth\u200djoiner\ufeffbom",
+        "control\x07chars\x1b[0m and \x00 null",
+        "combining e\u0301 a\u0308 n\u0303",
+        "x" * 120 + " " + "ab" * 70,
+        "...!!!???---___***",
+        "Supercalifragilisticexpialidocious antidisestablishmentarianism",
     ]
 
 
@@ -46,15 +67,28 @@ def varied_text() -> str:
     from ..data import load_corpus
 
     rng = random.Random(0)
+
     def number() -> str:  # an integer, a decimal or a date
-        return rng.choice([str(rng.randrange(10 ** rng.randrange(1, 12))), f"{rng.uniform(-1e4, 1e4):.{rng.randrange(6)}f}",
-                           f"{rng.randrange(1900, 2100)}-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}"])
+        return rng.choice(
+            [
+                str(rng.randrange(10 ** rng.randrange(1, 12))),
+                f"{rng.uniform(-1e4, 1e4):.{rng.randrange(6)}f}",
+                f"{rng.randrange(1900, 2100)}-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}",
+            ]
+        )
 
     numbers = " ".join(number() for _ in range(1500))
-    parts = [load_corpus("wikipedia", "validation")[:45_000], load_corpus("shakespeare", "validation")[:20_000],
-             load_corpus("kjv", "validation")[:8_000],
-             inspect.getsource(json.decoder), inspect.getsource(textwrap)[:12_000],
-             numbers, *hard_strings() * 20, "\n\n\n\t \t  \r\n" * 50, " " * 37 + "end"]
+    parts = [
+        load_corpus("wikipedia", "validation")[:45_000],
+        load_corpus("shakespeare", "validation")[:20_000],
+        load_corpus("kjv", "validation")[:8_000],
+        inspect.getsource(json.decoder),
+        inspect.getsource(textwrap)[:12_000],
+        numbers,
+        *hard_strings() * 20,
+        "\n\n\n\t \t  \r\n" * 50,
+        " " * 37 + "end",
+    ]
     return "\n".join(parts)
 
 
@@ -74,8 +108,16 @@ def check_count_pairs(count_pairs) -> object:
 def check_merge_pair(merge_pair) -> object:
     """``merge_pair(ids, pair, new_id)`` replaces each occurrence of ``pair``, left to right, by ``new_id``."""
     g = Grader("check_merge_pair")
-    cases = [([1, 2, 3, 1, 2], (1, 2), 9), ([1, 1, 1], (1, 1), 9), ([1, 1, 1, 1], (1, 1), 9), ([3, 1, 2], (1, 2), 9),
-             ([1, 2], (2, 1), 9), ([], (1, 2), 9), ([5], (5, 5), 9), ([2, 1, 2, 1, 2], (1, 2), 7)]
+    cases = [
+        ([1, 2, 3, 1, 2], (1, 2), 9),
+        ([1, 1, 1], (1, 1), 9),
+        ([1, 1, 1, 1], (1, 1), 9),
+        ([3, 1, 2], (1, 2), 9),
+        ([1, 2], (2, 1), 9),
+        ([], (1, 2), 9),
+        ([5], (5, 5), 9),
+        ([2, 1, 2, 1, 2], (1, 2), 7),
+    ]
     for ids, pair, new_id in cases:
         expected = _merge_pair(ids, pair, new_id)
         g.compare(f"ids={ids}, pair={pair}", g.call(merge_pair, list(ids), pair, new_id), expected)
@@ -126,8 +168,23 @@ def viterbi_reference(word: str, scores: dict[str, float]) -> list[str]:
 def check_viterbi(segment) -> object:
     """``segment(word, scores)`` returns the pieces of the most likely segmentation (log-probs add up)."""
     g = Grader("check_viterbi")
-    scores = {"▁": -3.0, "t": -4.0, "h": -4.5, "e": -3.5, "▁t": -5.0, "he": -5.5, "▁the": -2.0, "▁th": -6.0,
-              "r": -4.0, "re": -5.0, "er": -5.0, "her": -6.5, "▁there": -7.5, "a": -3.9, "ther": -9.0}
+    scores = {
+        "▁": -3.0,
+        "t": -4.0,
+        "h": -4.5,
+        "e": -3.5,
+        "▁t": -5.0,
+        "he": -5.5,
+        "▁the": -2.0,
+        "▁th": -6.0,
+        "r": -4.0,
+        "re": -5.0,
+        "er": -5.0,
+        "her": -6.5,
+        "▁there": -7.5,
+        "a": -3.9,
+        "ther": -9.0,
+    }
     for word in ["▁the", "▁there", "▁her", "▁tea", "▁three", "hehe", "▁", "a"]:
         expected = viterbi_reference(word, scores)
         g.compare(f"word={word!r}", g.call(segment, word, dict(scores)), expected)

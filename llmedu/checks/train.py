@@ -1,12 +1,12 @@
 """Graders for lessons 06-08: the memory of training, loss scaling, accumulation, recomputation.
 
-    check_adam_state_bytes(fn)    fn(n_params, mixed) -> {parameters, gradients, optimizer} bytes with Adam:
-                                  4/4/8 per parameter in fp32, 2/2/12 in mixed precision (ZeRO sec. 3.1)
-    check_scale_update(fn)        fn(scale, clean_steps, found_inf, growth_interval) -> (scale, clean_steps),
-                                  the dynamic loss scaler's rule (x0.5 on overflow, x2 after a clean streak)
-    check_accumulate(fn)          fn(model, loss_fn, micro_batches) leaves in .grad the gradient of the mean
-                                  loss over all micro-batches (= one big batch)
-    check_checkpoint(fn)          fn(f, x) -> f(x) with the same gradients, but saving only x for backward
+check_adam_state_bytes(fn)    fn(n_params, mixed) -> {parameters, gradients, optimizer} bytes with Adam:
+                              4/4/8 per parameter in fp32, 2/2/12 in mixed precision (ZeRO sec. 3.1)
+check_scale_update(fn)        fn(scale, clean_steps, found_inf, growth_interval) -> (scale, clean_steps),
+                              the dynamic loss scaler's rule (x0.5 on overflow, x2 after a clean streak)
+check_accumulate(fn)          fn(model, loss_fn, micro_batches) leaves in .grad the gradient of the mean
+                              loss over all micro-batches (= one big batch)
+check_checkpoint(fn)          fn(f, x) -> f(x) with the same gradients, but saving only x for backward
 """
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ def check_scale_update(fn) -> CheckResult:
             ours._found_inf = found_inf  # the verdict unscale_() would have reached
             ours.update()
             got = g.call(fn, scale, clean, found_inf, interval)
-            if not g.compare(f"growth_interval={interval}, step {i} (overflow={found_inf})", got, (ours.scale_value, ours.clean_steps)):
+            if not g.compare(
+                f"growth_interval={interval}, step {i} (overflow={found_inf})",
+                got,
+                (ours.scale_value, ours.clean_steps),
+            ):
                 break
             scale, clean = got
     return g.result()
@@ -87,7 +91,9 @@ def check_checkpoint(fn) -> CheckResult:
         f.zero_grad()
         x = x0.clone().requires_grad_(True)
         saved = []  # bytes of every tensor autograd saves for backward during the forward pass
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.untyped_storage().nbytes()) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t.untyped_storage().nbytes()) or t, lambda t: t
+        ):
             out = g.call(fn, f, x) if use_fn else f(x)
         if isinstance(out, torch.Tensor):
             g.call(lambda: out.pow(2).sum().backward())  # a learner's graph may be broken: report it
@@ -98,6 +104,9 @@ def check_checkpoint(fn) -> CheckResult:
     g.compare("the output f(x)", out, ref_out, atol=1e-6)
     g.compare("the gradients of x and of f's parameters", grads, ref_grads, atol=1e-6)
     kept, plain = sum(saved), sum(ref_saved)
-    g.expect("saves less for backward than f itself", kept <= x0.numel() * 4 * 2,
-             f"{kept:,} bytes were saved for backward in the forward pass (f alone saves {plain:,}); keep only x")
+    g.expect(
+        "saves less for backward than f itself",
+        kept <= x0.numel() * 4 * 2,
+        f"{kept:,} bytes were saved for backward in the forward pass (f alone saves {plain:,}); keep only x",
+    )
     return g.result()

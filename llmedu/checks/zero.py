@@ -1,9 +1,9 @@
 """Graders for the ZeRO lesson (14): sharding a flat buffer, and what each stage sends.
 
-    check_shard(fn)          fn(numel, world_size) -> (shard_size, padding): the flat buffer is padded
-                             with zeros to world_size * shard_size, the smallest multiple that holds it
-    check_comm_volume(fn)    fn(n_params, world_size, stage) -> elements each rank sends per step, ring
-                             collectives: stages 0-2 send 2Ψ(N-1)/N (ZeRO §7.2.1), stage 3 3Ψ(N-1)/N (§7.2.2)
+check_shard(fn)          fn(numel, world_size) -> (shard_size, padding): the flat buffer is padded
+                         with zeros to world_size * shard_size, the smallest multiple that holds it
+check_comm_volume(fn)    fn(n_params, world_size, stage) -> elements each rank sends per step, ring
+                         collectives: stages 0-2 send 2Ψ(N-1)/N (ZeRO §7.2.1), stage 3 3Ψ(N-1)/N (§7.2.2)
 """
 
 from __future__ import annotations

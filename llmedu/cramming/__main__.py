@@ -34,55 +34,90 @@ def _budget(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llmedu.cramming", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m llmedu.cramming", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("pretrain", help="masked-LM pretraining from scratch under a wall-clock budget")
     p.add_argument("--out", required=True, help="run folder: run.json, tokenizer.json, checkpoints/, summary.json")
-    p.add_argument("--budget", type=_budget, default=parse_budget("10m"),
-                   help="wall-clock budget of the training steps: 30s, 10m, 24h, or seconds (default 10m)")
-    p.add_argument("--recipe", choices=("crammed", "original"), default="crammed",
-                   help="crammed: all of Cramming's tricks; original: BERT's recipe at the same shape")
-    p.add_argument("--shape", choices=("auto", "tiny", "cpu", "cuda"), default="auto",
-                   help="model size: tiny = d 64, 2 layers, vocab 1024 (smoke tests); cpu = d 128, 4 layers, "
-                        "vocab 4096; cuda = BERT-base (768, 12 layers, vocab 32768); auto: cuda on a GPU, else cpu")
-    p.add_argument("--tokenizer-chars", type=int, default=400_000,
-                   help="characters of each corpus the WordPiece vocabulary is learnt from (default 400000)")
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        default=parse_budget("10m"),
+        help="wall-clock budget of the training steps: 30s, 10m, 24h, or seconds (default 10m)",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=("crammed", "original"),
+        default="crammed",
+        help="crammed: all of Cramming's tricks; original: BERT's recipe at the same shape",
+    )
+    p.add_argument(
+        "--shape",
+        choices=("auto", "tiny", "cpu", "cuda"),
+        default="auto",
+        help="model size: tiny = d 64, 2 layers, vocab 1024 (smoke tests); cpu = d 128, 4 layers, "
+        "vocab 4096; cuda = BERT-base (768, 12 layers, vocab 32768); auto: cuda on a GPU, else cpu",
+    )
+    p.add_argument(
+        "--tokenizer-chars",
+        type=int,
+        default=400_000,
+        help="characters of each corpus the WordPiece vocabulary is learnt from (default 400000)",
+    )
     p.add_argument("--max-steps", type=int, default=None, help="also stop after this many optimizer steps")
     p.add_argument("--max-chars", type=int, default=None, help="use at most this many characters of each corpus")
-    p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=sorted(available_corpora()),
-                   help=f"corpora to train on (default: {' '.join(CORPORA)})")
+    p.add_argument(
+        "--corpora",
+        nargs="+",
+        default=list(CORPORA),
+        choices=sorted(available_corpora()),
+        help=f"corpora to train on (default: {' '.join(CORPORA)})",
+    )
     p.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default: the recipe's)")
-    p.add_argument("--accumulation", type=int, default=None,
-                   help="micro-batches per optimizer step (default: the recipe's)")
+    p.add_argument(
+        "--accumulation", type=int, default=None, help="micro-batches per optimizer step (default: the recipe's)"
+    )
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps between checkpoints")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the interrupted run in --out from its latest checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the interrupted run in --out from its latest checkpoint"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the batch order and the masks")
     p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
     f = commands.add_parser("finetune", help="fine-tune a pretrained run on a labelled task, fixed settings")
     f.add_argument("--checkpoint", required=True, help="a pretraining run folder (its latest checkpoint is used)")
-    f.add_argument("--task", default="rotten_tomatoes", choices=sorted(available_classification()),
-                   help="labelled task: rotten_tomatoes (sentiment, 2 classes) or bbc_news (5 topics)")
+    f.add_argument(
+        "--task",
+        default="rotten_tomatoes",
+        choices=sorted(available_classification()),
+        help="labelled task: rotten_tomatoes (sentiment, 2 classes) or bbc_news (5 topics)",
+    )
     f.add_argument("--from-scratch", action="store_true", help="same architecture from random weights: the control")
-    described = "; ".join(f"{name}: lr {s.lr:.0e}, batch {s.batch_size}, {s.schedule} decay"
-                          for name, s in SETTINGS.items())
-    f.add_argument("--settings", choices=sorted(SETTINGS), default="fixed",
-                   help=f"fine-tuning settings: fixed is the course's, for every model; authors is Geiping & "
-                        f"Goldstein's GLUE setting ({described})")
+    described = "; ".join(
+        f"{name}: lr {s.lr:.0e}, batch {s.batch_size}, {s.schedule} decay" for name, s in SETTINGS.items()
+    )
+    f.add_argument(
+        "--settings",
+        choices=sorted(SETTINGS),
+        default="fixed",
+        help=f"fine-tuning settings: fixed is the course's, for every model; authors is Geiping & "
+        f"Goldstein's GLUE setting ({described})",
+    )
     f.add_argument("--epochs", type=int, default=FIXED.epochs, help=f"1 to 5 (default {FIXED.epochs})")
     f.add_argument("--lr", type=float, default=None, help="override the settings' learning rate (to study them)")
     f.add_argument("--batch-size", type=int, default=None, help="override the settings' batch size (to study them)")
     f.add_argument("--max-train", type=int, default=None, help="use a random slice of this many training examples")
-    f.add_argument("--max-eval", type=int, default=None,
-                   help="evaluate on a fixed random slice of this many validation examples")
+    f.add_argument(
+        "--max-eval", type=int, default=None, help="evaluate on a fixed random slice of this many validation examples"
+    )
     f.add_argument("--seed", type=int, default=0, help="seed of the classifier head and the batch order")
     f.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
-    b = commands.add_parser("bench",
-                            help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget")
+    b = commands.add_parser(
+        "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
+    )
     b.add_argument("--budget", type=_budget, default=None, help="budget of each loss run (default 20s fast, 2m full)")
     b.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     return parser
@@ -102,18 +137,37 @@ def main(argv: list[str] | None = None) -> dict:
     device = runtime.device(args.device)
     if args.command == "pretrain":
         shape = {"tiny": TINY_SHAPE, "cpu": {}, "cuda": CUDA_SHAPE}[
-            args.shape if args.shape != "auto" else "cuda" if device.type == "cuda" else "cpu"]
+            args.shape if args.shape != "auto" else "cuda" if device.type == "cuda" else "cpu"
+        ]
         sizes = {k: v for k, v in (("micro_batch", args.micro_batch), ("accumulation", args.accumulation)) if v}
         recipe = (crammed if args.recipe == "crammed" else original_bert)(**{**shape, **sizes})
-        result = pretrain(args.out, recipe, args.budget, max_steps=args.max_steps, corpora=args.corpora,
-                          max_chars=args.max_chars, tokenizer_chars=args.tokenizer_chars, resume=args.resume,
-                          device=device, checkpoint_every=args.checkpoint_every, seed=args.seed)
+        result = pretrain(
+            args.out,
+            recipe,
+            args.budget,
+            max_steps=args.max_steps,
+            corpora=args.corpora,
+            max_chars=args.max_chars,
+            tokenizer_chars=args.tokenizer_chars,
+            resume=args.resume,
+            device=device,
+            checkpoint_every=args.checkpoint_every,
+            seed=args.seed,
+        )
         result.pop("history")
     elif args.command == "finetune":
         overrides = {k: v for k, v in (("lr", args.lr), ("batch_size", args.batch_size)) if v is not None}
         settings = replace(SETTINGS[args.settings], epochs=args.epochs, **overrides)
-        result = finetune(args.checkpoint, args.task, from_scratch=args.from_scratch, settings=settings,
-                          max_train=args.max_train, max_eval=args.max_eval, device=device, seed=args.seed)
+        result = finetune(
+            args.checkpoint,
+            args.task,
+            from_scratch=args.from_scratch,
+            settings=settings,
+            max_train=args.max_train,
+            max_eval=args.max_eval,
+            device=device,
+            seed=args.seed,
+        )
     else:
         result = _bench(args)
     print(json.dumps(result), flush=True)

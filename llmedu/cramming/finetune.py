@@ -75,8 +75,7 @@ SETTINGS = {"fixed": FIXED, "authors": AUTHORS}  # by name, for the command line
 def encode_texts(tokenizer: WordPieceTokenizer, texts: list[str], max_len: int) -> list[list[int]]:
     """[CLS] text [SEP], cut to ``max_len`` tokens (the [SEP] kept)."""
     sep = tokenizer.vocab["[SEP]"]
-    return [ids if len(ids) <= max_len else ids[: max_len - 1] + [sep]
-            for ids in (tokenizer.encode(t) for t in texts)]
+    return [ids if len(ids) <= max_len else ids[: max_len - 1] + [sep] for ids in (tokenizer.encode(t) for t in texts)]
 
 
 def _collate(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,20 +88,30 @@ def _collate(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 @torch.no_grad()
-def accuracy(model: SequenceClassifier, rows: list[list[int]], labels: list[int], pad_id: int,
-             device, batch_size: int = 128) -> float:
+def accuracy(
+    model: SequenceClassifier, rows: list[list[int]], labels: list[int], pad_id: int, device, batch_size: int = 128
+) -> float:
     model.eval()
     correct = 0
     for start in range(0, len(rows), batch_size):
-        ids, mask = _collate(rows[start: start + batch_size], pad_id)
+        ids, mask = _collate(rows[start : start + batch_size], pad_id)
         logits = model(ids.to(device), mask.to(device))  # (B, 2)
-        correct += (logits.argmax(-1).cpu() == torch.tensor(labels[start: start + batch_size])).sum().item()
+        correct += (logits.argmax(-1).cpu() == torch.tensor(labels[start : start + batch_size])).sum().item()
     return correct / len(rows)
 
 
-def finetune(run: str | Path, task: str = "rotten_tomatoes", *, from_scratch: bool = False,
-             settings: FinetuneSettings = FIXED, max_train: int | None = None, max_eval: int | None = None,
-             device: torch.device | None = None, seed: int = 0, progress: bool = True) -> dict:
+def finetune(
+    run: str | Path,
+    task: str = "rotten_tomatoes",
+    *,
+    from_scratch: bool = False,
+    settings: FinetuneSettings = FIXED,
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    device: torch.device | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Fine-tune the encoder of pretraining run ``run`` (or, ``from_scratch``, the same shape from
     random weights) on ``task``; return the validation accuracy and the run's figures."""
     recipe, tokenizer = load_run(run)
@@ -131,7 +140,7 @@ def finetune(run: str | Path, task: str = "rotten_tomatoes", *, from_scratch: bo
     def batches(i: int):
         epoch, index = divmod(i, per_epoch)
         perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 1 + epoch)).tolist()
-        pick = perm[index * settings.batch_size: (index + 1) * settings.batch_size]
+        pick = perm[index * settings.batch_size : (index + 1) * settings.batch_size]
         ids, mask = _collate([rows[j] for j in pick], pad)
         return ids.to(device), mask.to(device), torch.tensor([labels[j] for j in pick], device=device)
 
@@ -140,12 +149,20 @@ def finetune(run: str | Path, task: str = "rotten_tomatoes", *, from_scratch: bo
         return F.cross_entropy(model(ids, mask).float(), y)
 
     warmup = max(1, int(settings.warmup * total))
-    config = TrainConfig(max_steps=total, schedule=_SCHEDULES[settings.schedule](warmup, total),
-                         precision=recipe.resolved_precision(device), progress=progress)
+    config = TrainConfig(
+        max_steps=total,
+        schedule=_SCHEDULES[settings.schedule](warmup, total),
+        precision=recipe.resolved_precision(device),
+        progress=progress,
+    )
     history = train(model, optimizer, batches, loss_fn, config)
     result = {
-        "task": task, "init": "random" if from_scratch else "pretrained", "run": str(run),
-        "train_examples": len(rows), "eval_examples": len(val_rows), "steps": total,
+        "task": task,
+        "init": "random" if from_scratch else "pretrained",
+        "run": str(run),
+        "train_examples": len(rows),
+        "eval_examples": len(val_rows),
+        "steps": total,
         "final_train_loss": round(sum(history["loss"][-10:]) / len(history["loss"][-10:]), 4),
         "accuracy": round(accuracy(model, val_rows, val_labels, pad, device), 4),
         "majority_baseline": round(max(val_labels.count(c) for c in set(val_labels)) / len(val_labels), 4),

@@ -39,14 +39,27 @@ from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
 from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule, parse_budget
 
-__all__ = ["CORPORA", "prepare_data", "mlm_loss_fn", "mlm_flops_per_token", "pretrain", "evaluate_mlm", "load_run",
-           "load_pretrained"]
+__all__ = [
+    "CORPORA",
+    "prepare_data",
+    "mlm_loss_fn",
+    "mlm_flops_per_token",
+    "pretrain",
+    "evaluate_mlm",
+    "load_run",
+    "load_pretrained",
+]
 
 CORPORA = ("wikipedia", "shakespeare", "kjv", "speeches", "tweets", "vader")
 
 
-def prepare_data(recipe: Recipe, corpora: Sequence[str] = CORPORA, max_chars: int | None = None,
-                 tokenizer_chars: int = 400_000, progress: bool = True):
+def prepare_data(
+    recipe: Recipe,
+    corpora: Sequence[str] = CORPORA,
+    max_chars: int | None = None,
+    tokenizer_chars: int = 400_000,
+    progress: bool = True,
+):
     """(tokenizer, train rows, validation rows), all cached: the work done before the clock starts."""
     tokenizer = train_tokenizer(corpora, recipe.vocab_size, sample_chars=tokenizer_chars)
     train_rows = packed_rows(tokenizer, corpora, "train", recipe.seq_len, max_chars, progress=progress)
@@ -100,8 +113,14 @@ def evaluate_mlm(model: MaskedLM, batches: MLMBatches, n_batches: int, precision
 
 
 def _run_spec(recipe, corpora, max_chars, budget_seconds, max_steps, seed) -> dict:
-    return {"recipe": recipe.to_dict(), "corpora": list(corpora), "max_chars": max_chars,
-            "budget_seconds": budget_seconds, "max_steps": max_steps, "seed": seed}
+    return {
+        "recipe": recipe.to_dict(),
+        "corpora": list(corpora),
+        "max_chars": max_chars,
+        "budget_seconds": budget_seconds,
+        "max_steps": max_steps,
+        "seed": seed,
+    }
 
 
 def _check_resume(saved: dict, spec: dict) -> None:
@@ -113,11 +132,23 @@ def _check_resume(saved: dict, spec: dict) -> None:
         raise ValueError(f"cannot resume with a different recipe or run: {lines}")
 
 
-def pretrain(out: str | Path, recipe: Recipe, budget: str | float | None = "30s", *, max_steps: int | None = None,
-             corpora: Sequence[str] = CORPORA, max_chars: int | None = None, tokenizer_chars: int = 400_000,
-             resume: bool = False, device: torch.device | None = None, checkpoint_every: int = 100,
-             eval_batches: int = 20, seed: int = 0, progress: bool = True,
-             callbacks: Iterable[Callable] = ()) -> dict:
+def pretrain(
+    out: str | Path,
+    recipe: Recipe,
+    budget: str | float | None = "30s",
+    *,
+    max_steps: int | None = None,
+    corpora: Sequence[str] = CORPORA,
+    max_chars: int | None = None,
+    tokenizer_chars: int = 400_000,
+    resume: bool = False,
+    device: torch.device | None = None,
+    checkpoint_every: int = 100,
+    eval_batches: int = 20,
+    seed: int = 0,
+    progress: bool = True,
+    callbacks: Iterable[Callable] = (),
+) -> dict:
     """Pretrain ``recipe`` until the budget (seconds, or '10m'-style text) or ``max_steps`` is spent.
 
     Returns the summary (also written to ``out/summary.json``). ``resume=True`` continues an
@@ -150,22 +181,39 @@ def pretrain(out: str | Path, recipe: Recipe, budget: str | float | None = "30s"
     model = MaskedLM(recipe.model_config()).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=recipe.lr, betas=recipe.betas, eps=1e-12)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=recipe.lr,
+        betas=recipe.betas,
+        eps=1e-12,
+    )
     checkpoints = out / "checkpoints"
     saved = ckpt.latest(checkpoints) if resume else None
     start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
     clock = BudgetClock(budget_seconds, max_steps, elapsed=start["seconds"])
     precision = recipe.resolved_precision(device)
-    config = TrainConfig(max_steps=max_steps, max_seconds=budget_seconds, precision=precision,
-                         accumulation=budget_accumulation(recipe, clock), schedule=budget_schedule(recipe, clock),
-                         clip_grad_norm=recipe.clip_grad_norm, checkpoint_dir=checkpoints,
-                         checkpoint_every=checkpoint_every, progress=progress)
+    config = TrainConfig(
+        max_steps=max_steps,
+        max_seconds=budget_seconds,
+        precision=precision,
+        accumulation=budget_accumulation(recipe, clock),
+        schedule=budget_schedule(recipe, clock),
+        clip_grad_norm=recipe.clip_grad_norm,
+        checkpoint_dir=checkpoints,
+        checkpoint_every=checkpoint_every,
+        progress=progress,
+    )
     on_device = lambda i: {k: v.to(device, non_blocking=True) for k, v in data(i).items()}  # noqa: E731
     wall = time.perf_counter()
-    history = train(model, optimizer, on_device, mlm_loss_fn(recipe.sparse_prediction), config,
-                    callbacks=[clock.tick, *callbacks], resume=saved is not None)
+    history = train(
+        model,
+        optimizer,
+        on_device,
+        mlm_loss_fn(recipe.sparse_prediction),
+        config,
+        callbacks=[clock.tick, *callbacks],
+        resume=saved is not None,
+    )
     wall = time.perf_counter() - wall
 
     enough = len(val_rows) >= recipe.micro_batch
@@ -174,11 +222,17 @@ def pretrain(out: str | Path, recipe: Recipe, budget: str | float | None = "30s"
     tokens = sum(s.tokens for s in steps)
     seconds = sum(s.seconds for s in steps)
     summary = {
-        "recipe": recipe.name, "device": str(device), "precision": precision,
-        "parameters": count_parameters(model), "steps": steps[-1].step if steps else start["step"],
-        "steps_this_run": len(steps), "stop_reason": history.stop_reason,
-        "budget_seconds": budget_seconds, "elapsed_seconds": round(steps[-1].elapsed if steps else start["seconds"], 3),
-        "wall_seconds": round(wall, 3), "longest_step_seconds": round(max((s.seconds for s in steps), default=0), 3),
+        "recipe": recipe.name,
+        "device": str(device),
+        "precision": precision,
+        "parameters": count_parameters(model),
+        "steps": steps[-1].step if steps else start["step"],
+        "steps_this_run": len(steps),
+        "stop_reason": history.stop_reason,
+        "budget_seconds": budget_seconds,
+        "elapsed_seconds": round(steps[-1].elapsed if steps else start["seconds"], 3),
+        "wall_seconds": round(wall, 3),
+        "longest_step_seconds": round(max((s.seconds for s in steps), default=0), 3),
         "tokens_this_run": tokens,
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "train_loss": round(sum(s.loss for s in steps[-10:]) / len(steps[-10:]), 4) if steps else None,
@@ -206,4 +260,4 @@ def load_pretrained(out: str | Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no checkpoint under {Path(out) / 'checkpoints'}")
     tensors = load_file(str(latest / ckpt.TENSORS))
     prefix = "model.transformer."
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -39,8 +39,18 @@ from ..models import TransformerConfig
 from ..nn.activations import GATED
 from ..train.schedules import Schedule
 
-__all__ = ["Recipe", "crammed", "original_bert", "ABLATIONS", "TINY_SHAPE", "CUDA_SHAPE", "parse_budget",
-           "BudgetClock", "budget_schedule", "budget_accumulation"]
+__all__ = [
+    "Recipe",
+    "crammed",
+    "original_bert",
+    "ABLATIONS",
+    "TINY_SHAPE",
+    "CUDA_SHAPE",
+    "parse_budget",
+    "BudgetClock",
+    "budget_schedule",
+    "budget_accumulation",
+]
 
 
 @dataclass(frozen=True)
@@ -96,11 +106,26 @@ class Recipe:
     def model_config(self) -> TransformerConfig:
         hidden = self.d_ff // 2 if self.activation in GATED else self.d_ff  # value and gate share d_ff
         return TransformerConfig(
-            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-            d_ff=hidden, max_seq_len=self.seq_len, position=self.position, norm="layernorm",
-            norm_eps=1e-12, norm_placement=self.norm_placement, activation=self.activation, bias=self.bias,
-            causal=False, type_vocab_size=0, embedding_norm=True, tie_embeddings=True,
-            dropout=self.dropout, attn_impl=self.attn_impl, fused=self.fused)
+            vocab_size=self.vocab_size,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_ff=hidden,
+            max_seq_len=self.seq_len,
+            position=self.position,
+            norm="layernorm",
+            norm_eps=1e-12,
+            norm_placement=self.norm_placement,
+            activation=self.activation,
+            bias=self.bias,
+            causal=False,
+            type_vocab_size=0,
+            embedding_norm=True,
+            tie_embeddings=True,
+            dropout=self.dropout,
+            attn_impl=self.attn_impl,
+            fused=self.fused,
+        )
 
     def resolved_precision(self, device: torch.device) -> str:
         """``precision``, with "auto" resolved: bf16 autocast where the hardware multiplies bf16 natively.
@@ -138,8 +163,16 @@ class Recipe:
 
 
 TINY_SHAPE = dict(d_model=64, n_layers=2, n_heads=2, d_ff=128, vocab_size=1024, micro_batch=16, accumulation=1)
-CUDA_SHAPE = dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, vocab_size=32768, micro_batch=128, accumulation=12,
-                  attn_impl="sdpa")  # the fused flash kernel on a GPU
+CUDA_SHAPE = dict(
+    d_model=768,
+    n_layers=12,
+    n_heads=12,
+    d_ff=3072,
+    vocab_size=32768,
+    micro_batch=128,
+    accumulation=12,
+    attn_impl="sdpa",
+)  # the fused flash kernel on a GPU
 
 
 def crammed(**overrides) -> Recipe:
@@ -149,9 +182,21 @@ def crammed(**overrides) -> Recipe:
 
 def original_bert(**overrides) -> Recipe:
     """BERT's own recipe at the same shape: every crammed trick off."""
-    settings = dict(name="original", norm_placement="post", bias=True, activation="gelu", position="learned",
-                    dropout=0.1, sparse_prediction=False, schedule="linear", lr=1e-4, betas=(0.9, 0.999),
-                    clip_grad_norm=None, batch_ramp=0.0, d_ff=4 * overrides.get("d_model", Recipe.d_model))
+    settings = dict(
+        name="original",
+        norm_placement="post",
+        bias=True,
+        activation="gelu",
+        position="learned",
+        dropout=0.1,
+        sparse_prediction=False,
+        schedule="linear",
+        lr=1e-4,
+        betas=(0.9, 0.999),
+        clip_grad_norm=None,
+        batch_ramp=0.0,
+        d_ff=4 * overrides.get("d_model", Recipe.d_model),
+    )
     return Recipe(**{**settings, **overrides})
 
 

@@ -12,5 +12,13 @@ from .classification import available_classification, load_classification
 from .corpora import available_corpora, load_corpus, load_documents, reference_files
 from .fetch import MissingDataError, cache_dir
 
-__all__ = ["available_corpora", "load_corpus", "load_documents", "reference_files",
-           "available_classification", "load_classification", "MissingDataError", "cache_dir"]
+__all__ = [
+    "available_corpora",
+    "load_corpus",
+    "load_documents",
+    "reference_files",
+    "available_classification",
+    "load_classification",
+    "MissingDataError",
+    "cache_dir",
+]

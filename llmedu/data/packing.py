@@ -60,8 +60,9 @@ def _documents(corpora: Sequence[str], split: str, max_chars: int | None) -> lis
     return documents
 
 
-def train_tokenizer(corpora: Sequence[str], vocab_size: int, sample_chars: int = 400_000,
-                    cache: Path | None = None) -> WordPieceTokenizer:
+def train_tokenizer(
+    corpora: Sequence[str], vocab_size: int, sample_chars: int = 400_000, cache: Path | None = None
+) -> WordPieceTokenizer:
     """A WordPiece tokenizer trained on the first ``sample_chars`` of each corpus's train split (cached)."""
     path = (cache or cache_dir() / "packing") / f"wordpiece-{_key(c=list(corpora), v=vocab_size, s=sample_chars)}.json"
     if path.is_file():
@@ -88,8 +89,15 @@ def pack(documents: Sequence[list[int]], seq_len: int, cls_id: int, sep_id: int)
     return torch.from_numpy(np.concatenate([cls, rows], axis=1))  # (n_rows, seq_len)
 
 
-def packed_rows(tokenizer: WordPieceTokenizer, corpora: Sequence[str], split: str, seq_len: int = 128,
-                max_chars: int | None = None, cache: Path | None = None, progress: bool = True) -> torch.Tensor:
+def packed_rows(
+    tokenizer: WordPieceTokenizer,
+    corpora: Sequence[str],
+    split: str,
+    seq_len: int = 128,
+    max_chars: int | None = None,
+    cache: Path | None = None,
+    progress: bool = True,
+) -> torch.Tensor:
     """(n_rows, seq_len) int64 rows of ``split`` of the corpora, packed with ``pack`` (cached as .npy)."""
     vocab_hash = hashlib.sha256(json.dumps(tokenizer.vocab, sort_keys=True).encode()).hexdigest()
     key = _key(c=list(corpora), split=split, t=seq_len, m=max_chars, vocab=vocab_hash)
@@ -97,8 +105,10 @@ def packed_rows(tokenizer: WordPieceTokenizer, corpora: Sequence[str], split: st
     if path.is_file():
         return torch.from_numpy(np.load(path, allow_pickle=False).astype(np.int64))
     documents = _documents(corpora, split, max_chars)
-    ids = [tokenizer.encode(d, add_special_tokens=False)
-           for d in tqdm(documents, desc=f"tokenize {split}", unit="doc", disable=not progress)]
+    ids = [
+        tokenizer.encode(d, add_special_tokens=False)
+        for d in tqdm(documents, desc=f"tokenize {split}", unit="doc", disable=not progress)
+    ]
     rows = pack(ids, seq_len, tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
@@ -107,9 +117,16 @@ def packed_rows(tokenizer: WordPieceTokenizer, corpora: Sequence[str], split: st
     return rows
 
 
-def mask_tokens(ids: torch.Tensor, rate: float, mask_id: int, vocab_size: int, special_ids: Sequence[int],
-                generator: torch.Generator, mask: float = 0.8,
-                random: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor,
+    rate: float,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: Sequence[int],
+    generator: torch.Generator,
+    mask: float = 0.8,
+    random: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ids (B, T) -> (inputs, labels): BERT's masking; labels are -100 where nothing is predicted."""
     if not 0 < rate < 1:
         raise ValueError(f"the masking rate must be in (0, 1), got {rate}")
@@ -148,8 +165,10 @@ class MLMBatches:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         if len(self.rows) < self.batch_size:
-            raise ValueError(f"the corpus is too small for one batch: {len(self.rows)} rows of {self.rows.shape[1]} "
-                             f"tokens, batch size {self.batch_size}; use more text or a smaller batch")
+            raise ValueError(
+                f"the corpus is too small for one batch: {len(self.rows)} rows of {self.rows.shape[1]} "
+                f"tokens, batch size {self.batch_size}; use more text or a smaller batch"
+            )
         self.per_epoch = len(self.rows) // self.batch_size  # the last incomplete batch of an epoch is dropped
         v = self.tokenizer.vocab
         self.special_ids = [v[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in v]
@@ -160,8 +179,16 @@ class MLMBatches:
         if epoch != self._order_epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._order, self._order_epoch = torch.randperm(len(self.rows), generator=g), epoch
-        ids = self.rows[self._order[index * self.batch_size: (index + 1) * self.batch_size]]  # (B, T)
+        ids = self.rows[self._order[index * self.batch_size : (index + 1) * self.batch_size]]  # (B, T)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * i + 1)
-        inputs, labels = mask_tokens(ids, self.rate, self.tokenizer.vocab["[MASK]"], self.tokenizer.vocab_size,
-                                     self.special_ids, g, self.mask, self.random)
+        inputs, labels = mask_tokens(
+            ids,
+            self.rate,
+            self.tokenizer.vocab["[MASK]"],
+            self.tokenizer.vocab_size,
+            self.special_ids,
+            g,
+            self.mask,
+            self.random,
+        )
         return {"input_ids": inputs, "labels": labels}

@@ -1,43 +1,64 @@
 """How fast can this machine go, and how fast can the big ones? The numbers behind lesson 00.
 
-    probe      measured: this machine's matmul FLOP/s (fp32, bf16, fp16) and memory bandwidth
-    specs      cited: peak FLOP/s, memory and bandwidth of V100, A100, H100, TPU v4/v5e/v5p, IPU GC200
-    roofline   modelled: FLOPs and bytes of matmul, softmax, LayerNorm, attention; min(peak, I * B)
-    cost       what training costs: 6ND FLOPs, days on a chip at a given MFU, chips to hold the state
+probe      measured: this machine's matmul FLOP/s (fp32, bf16, fp16) and memory bandwidth
+specs      cited: peak FLOP/s, memory and bandwidth of V100, A100, H100, TPU v4/v5e/v5p, IPU GC200
+roofline   modelled: FLOPs and bytes of matmul, softmax, LayerNorm, attention; min(peak, I * B)
+cost       what training costs: 6ND FLOPs, days on a chip at a given MFU, chips to hold the state
 
-    >>> from llmedu import hardware
-    >>> hardware.matmul(4096, 4096, 4096).intensity > hardware.accelerator("H100 SXM").ridge_point
-    True
+>>> from llmedu import hardware
+>>> hardware.matmul(4096, 4096, 4096).intensity > hardware.accelerator("H100 SXM").ridge_point
+True
 """
 
 from .cost import (
-                   ADAM_MIXED_PRECISION_BYTES_PER_PARAM,
-                   GPT3_PARAMS,
-                   GPT3_TOKENS,
-                   chips_to_hold,
-                   training_days,
-                   training_flops,
+    ADAM_MIXED_PRECISION_BYTES_PER_PARAM,
+    GPT3_PARAMS,
+    GPT3_TOKENS,
+    chips_to_hold,
+    training_days,
+    training_flops,
 )
 from .probe import DTYPES, Measurement, machine_summary, measure_bandwidth, measure_machine, measure_matmul_flops
 from .roofline import (
-                   Workload,
-                   arithmetic_intensity,
-                   attainable_flops,
-                   attention,
-                   bound,
-                   layernorm,
-                   matmul,
-                   matmul_flops,
-                   ridge_point,
-                   softmax,
+    Workload,
+    arithmetic_intensity,
+    attainable_flops,
+    attention,
+    bound,
+    layernorm,
+    matmul,
+    matmul_flops,
+    ridge_point,
+    softmax,
 )
 from .specs import ACCELERATORS, Accelerator, accelerator, si, spec_table
 
 __all__ = [
-    "ACCELERATORS", "Accelerator", "accelerator", "si", "spec_table",
-    "DTYPES", "Measurement", "machine_summary", "measure_bandwidth", "measure_machine", "measure_matmul_flops",
-    "Workload", "arithmetic_intensity", "attainable_flops", "attention", "bound", "layernorm", "matmul",
-    "matmul_flops", "ridge_point", "softmax",
-    "ADAM_MIXED_PRECISION_BYTES_PER_PARAM", "GPT3_PARAMS", "GPT3_TOKENS", "chips_to_hold", "training_days",
+    "ACCELERATORS",
+    "Accelerator",
+    "accelerator",
+    "si",
+    "spec_table",
+    "DTYPES",
+    "Measurement",
+    "machine_summary",
+    "measure_bandwidth",
+    "measure_machine",
+    "measure_matmul_flops",
+    "Workload",
+    "arithmetic_intensity",
+    "attainable_flops",
+    "attention",
+    "bound",
+    "layernorm",
+    "matmul",
+    "matmul_flops",
+    "ridge_point",
+    "softmax",
+    "ADAM_MIXED_PRECISION_BYTES_PER_PARAM",
+    "GPT3_PARAMS",
+    "GPT3_TOKENS",
+    "chips_to_hold",
+    "training_days",
     "training_flops",
 ]

@@ -28,8 +28,14 @@ import math
 
 from .specs import Accelerator
 
-__all__ = ["GPT3_PARAMS", "GPT3_TOKENS", "ADAM_MIXED_PRECISION_BYTES_PER_PARAM", "training_flops",
-           "training_days", "chips_to_hold"]
+__all__ = [
+    "GPT3_PARAMS",
+    "GPT3_TOKENS",
+    "ADAM_MIXED_PRECISION_BYTES_PER_PARAM",
+    "training_flops",
+    "training_days",
+    "chips_to_hold",
+]
 
 GPT3_PARAMS = 175e9  # Brown et al. 2020, Table 2.1
 GPT3_TOKENS = 300e9  # Brown et al. 2020, section 2.2
@@ -61,8 +67,9 @@ def training_days(flops: float, chip: Accelerator | float, *, mfu: float = 0.4, 
     return flops / (n_chips * peak * mfu) / SECONDS_PER_DAY
 
 
-def chips_to_hold(n_params: float, chip: Accelerator,
-                  bytes_per_param: float = ADAM_MIXED_PRECISION_BYTES_PER_PARAM) -> int:
+def chips_to_hold(
+    n_params: float, chip: Accelerator, bytes_per_param: float = ADAM_MIXED_PRECISION_BYTES_PER_PARAM
+) -> int:
     """The fewest chips whose memory holds the weights, gradients and Adam state (activations not counted)."""
     _check_positive(n_params=n_params, bytes_per_param=bytes_per_param)
     return math.ceil(n_params * bytes_per_param / chip.memory_bytes)

@@ -33,8 +33,15 @@ from .. import runtime
 from .roofline import matmul_flops
 from .specs import Accelerator, si
 
-__all__ = ["DTYPES", "Measurement", "as_dtype", "measure_matmul_flops", "measure_bandwidth", "machine_summary",
-           "measure_machine"]
+__all__ = [
+    "DTYPES",
+    "Measurement",
+    "as_dtype",
+    "measure_matmul_flops",
+    "measure_bandwidth",
+    "machine_summary",
+    "measure_machine",
+]
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -70,8 +77,15 @@ def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"unknown dtype {dtype!r} for the FLOP/s probe; accepted: {accepted}")
 
 
-def measure_matmul_flops(dtype: str | torch.dtype = "fp32", n: int | None = None, *, device=None,
-                         repeats: int = 5, warmup: int = 2, min_seconds: float = 0.02) -> Measurement:
+def measure_matmul_flops(
+    dtype: str | torch.dtype = "fp32",
+    n: int | None = None,
+    *,
+    device=None,
+    repeats: int = 5,
+    warmup: int = 2,
+    min_seconds: float = 0.02,
+) -> Measurement:
     """FLOP/s of an (n, n) @ (n, n) matmul in ``dtype`` (fp32, bf16 or fp16) on ``device``.
 
     The default ``n`` is 1024 on a CPU in fast mode, 2048 on a CPU otherwise, 8192 on a GPU.
@@ -94,8 +108,9 @@ def measure_matmul_flops(dtype: str | torch.dtype = "fp32", n: int | None = None
     return Measurement(what, float(matmul_flops(n, n, n)), "FLOP/s", seconds)
 
 
-def measure_bandwidth(nbytes: int | None = None, *, device=None, repeats: int = 5, warmup: int = 2,
-                      min_seconds: float = 0.02) -> Measurement:
+def measure_bandwidth(
+    nbytes: int | None = None, *, device=None, repeats: int = 5, warmup: int = 2, min_seconds: float = 0.02
+) -> Measurement:
     """Memory bandwidth in bytes/s, from copying an ``nbytes`` fp32 buffer into another.
 
     The default size is 64 MiB on a CPU in fast mode (source and destination together, 128 MiB,
@@ -146,8 +161,10 @@ def machine_summary(device=None) -> str:
         name = torch.cuda.get_device_name(dev)
     else:
         name = _cpu_name()
-    return (f"torch {torch.__version__} | device {dev.type}: {name} | "
-            f"{torch.get_num_threads()} CPU threads for torch, {os.cpu_count()} logical CPUs")
+    return (
+        f"torch {torch.__version__} | device {dev.type}: {name} | "
+        f"{torch.get_num_threads()} CPU threads for torch, {os.cpu_count()} logical CPUs"
+    )
 
 
 def measure_machine(device=None, *, n: int | None = None, nbytes: int | None = None, repeats: int = 5) -> Accelerator:
@@ -166,8 +183,16 @@ def measure_machine(device=None, *, n: int | None = None, nbytes: int | None = N
     else:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     kind = "GPU" if dev.type == "cuda" else dev.type.upper()
-    return Accelerator(f"this machine ({dev.type})", kind, bf16, "bf16", fp32, float(memory), bandwidth,
-                       source=f"measured by llmedu.hardware.probe: {machine_summary(dev)}")
+    return Accelerator(
+        f"this machine ({dev.type})",
+        kind,
+        bf16,
+        "bf16",
+        fp32,
+        float(memory),
+        bandwidth,
+        source=f"measured by llmedu.hardware.probe: {machine_summary(dev)}",
+    )
 
 
 def _cpu_name() -> str:

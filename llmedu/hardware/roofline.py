@@ -96,8 +96,9 @@ def layernorm(rows: int, dim: int, bytes_per_element: int = 2) -> Workload:
     return Workload(f"layernorm ({rows}x{dim})", 7 * elements, (2 * elements + 2 * dim) * bytes_per_element)
 
 
-def attention(batch: int, heads: int, seq_len: int, head_dim: int, bytes_per_element: int = 2,
-              fused: bool = False) -> Workload:
+def attention(
+    batch: int, heads: int, seq_len: int, head_dim: int, bytes_per_element: int = 2, fused: bool = False
+) -> Workload:
     """softmax(Q K^T) V for Q, K, V of shape (batch, heads, seq_len, head_dim), no mask.
 
     FLOPs: Q K^T and P V are 2*T*T*D each per head, the softmax 5*T*T.

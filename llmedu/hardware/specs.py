@@ -51,39 +51,81 @@ class Accelerator:
 
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
-        "V100 SXM2 32GB", "GPU", 125 * TERA, "fp16", 15.7 * TERA, 32 * GB, 900 * GB,
+        "V100 SXM2 32GB",
+        "GPU",
+        125 * TERA,
+        "fp16",
+        15.7 * TERA,
+        32 * GB,
+        900 * GB,
         source="NVIDIA, 'NVIDIA Tesla V100 GPU Accelerator' datasheet (2018), V100 for NVLink column",
         notes="Volta has no bf16: the 16-bit figure is fp16 on tensor cores (fp32 accumulate).",
     ),
     Accelerator(
-        "A100 SXM 80GB", "GPU", 312 * TERA, "bf16", 19.5 * TERA, 80 * GB, 2039 * GB,
+        "A100 SXM 80GB",
+        "GPU",
+        312 * TERA,
+        "bf16",
+        19.5 * TERA,
+        80 * GB,
+        2039 * GB,
         source="NVIDIA, 'NVIDIA A100 Tensor Core GPU' datasheet (2021), A100 80GB SXM column",
         notes="312 TFLOP/s dense bf16/fp16 (the datasheet's 624 is with 2:4 sparsity).",
     ),
     Accelerator(
-        "H100 SXM", "GPU", 989 * TERA, "bf16", 67 * TERA, 80 * GB, 3350 * GB,
+        "H100 SXM",
+        "GPU",
+        989 * TERA,
+        "bf16",
+        67 * TERA,
+        80 * GB,
+        3350 * GB,
         source="NVIDIA, 'NVIDIA H100 Tensor Core GPU' datasheet (2023), H100 SXM column",
         notes="The datasheet prints 1,979 TFLOP/s bf16 'with sparsity'; dense is half of it.",
     ),
     Accelerator(
-        "TPU v4", "TPU", 275 * TERA, "bf16", None, 32 * GiB, 1200 * GB,
+        "TPU v4",
+        "TPU",
+        275 * TERA,
+        "bf16",
+        None,
+        32 * GiB,
+        1200 * GB,
         source="Google Cloud, 'TPU v4' system architecture page; Jouppi et al., 'TPU v4: An Optically "
         "Reconfigurable Supercomputer for Machine Learning with Hardware Support for Embeddings', ISCA 2023",
         notes="Per chip (2 TensorCores). No fp32 figure in the cited table. Memory 32 GiB HBM2.",
     ),
     Accelerator(
-        "TPU v5e", "TPU", 197 * TERA, "bf16", None, 16 * GB, 819 * GB,
+        "TPU v5e",
+        "TPU",
+        197 * TERA,
+        "bf16",
+        None,
+        16 * GB,
+        819 * GB,
         source="Google Cloud, 'TPU v5e' system architecture page",
         notes="Per chip (1 TensorCore). No fp32 figure in the cited table.",
     ),
     Accelerator(
-        "TPU v5p", "TPU", 459 * TERA, "bf16", None, 95 * GB, 2765 * GB,
+        "TPU v5p",
+        "TPU",
+        459 * TERA,
+        "bf16",
+        None,
+        95 * GB,
+        2765 * GB,
         source="Google Cloud, 'TPU v5p' system architecture page",
         notes="Per chip (2 TensorCores). No fp32 figure in the cited table. Versions of the page "
         "write the 95 of memory as GB or GiB.",
     ),
     Accelerator(
-        "IPU GC200 (Colossus MK2)", "IPU", 250 * TERA, "fp16", 62.5 * TERA, 900e6, 47.5 * TERA,
+        "IPU GC200 (Colossus MK2)",
+        "IPU",
+        250 * TERA,
+        "fp16",
+        62.5 * TERA,
+        900e6,
+        47.5 * TERA,
         source="Graphcore, 'Colossus MK2 GC200 IPU' product page and IPU-M2000 launch (July 2020)",
         notes="Memory is 900 MB of on-chip SRAM at 47.5 TB/s; a model that does not fit streams from "
         "off-chip DRAM at a far lower rate (not listed: no datasheet figure pinned down). The 16-bit "
@@ -113,13 +155,17 @@ def si(value: float | None, unit: str, digits: int = 3) -> str:
 
 def spec_table(rows: tuple[Accelerator, ...] | list[Accelerator] = ACCELERATORS) -> str:
     """The rows as a fixed-width text table (peaks in TFLOP/s, memory in GB, bandwidth in TB/s)."""
-    header = f"{'accelerator':<26}{'type':<5}{'16-bit TFLOP/s':>16}{'fp32 TFLOP/s':>14}" \
-             f"{'memory GB':>11}{'TB/s':>8}{'ridge FLOP/B':>14}"
+    header = (
+        f"{'accelerator':<26}{'type':<5}{'16-bit TFLOP/s':>16}{'fp32 TFLOP/s':>14}"
+        f"{'memory GB':>11}{'TB/s':>8}{'ridge FLOP/B':>14}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         half = "-" if r.peak_flops_16bit is None else f"{r.peak_flops_16bit / TERA:.4g} {r.format_16bit}"
         fp32 = "-" if r.peak_flops_fp32 is None else f"{r.peak_flops_fp32 / TERA:.4g}"
         ridge = "-" if r.peak_flops_16bit is None else f"{r.ridge_point:.3g}"
-        lines.append(f"{r.name:<26}{r.kind:<5}{half:>16}{fp32:>14}{r.memory_bytes / GB:>11.3g}"
-                     f"{r.memory_bandwidth / TERA:>8.3g}{ridge:>14}")
+        lines.append(
+            f"{r.name:<26}{r.kind:<5}{half:>16}{fp32:>14}{r.memory_bytes / GB:>11.3g}"
+            f"{r.memory_bandwidth / TERA:>8.3g}{ridge:>14}"
+        )
     return "\n".join(lines)

@@ -1,14 +1,23 @@
 """Serving a model: the KV cache in pages, and many requests in one batch.
 
-    block_allocator   BlockAllocator: a free list and reference counts over KV blocks (vLLM sec. 4)
-    paged_attention   PagedKVCache (block tables, fork, copy-on-write), gather_kv, paged_attention,
-                      PagedBatch (lets an unmodified model decode with the paged cache)
-    batching          ContinuousBatcher: iteration-level scheduling of Requests over the paged cache
-    kv_waste          used / reserved / fragmented slots: paged blocks vs contiguous reservations
+block_allocator   BlockAllocator: a free list and reference counts over KV blocks (vLLM sec. 4)
+paged_attention   PagedKVCache (block tables, fork, copy-on-write), gather_kv, paged_attention,
+                  PagedBatch (lets an unmodified model decode with the paged cache)
+batching          ContinuousBatcher: iteration-level scheduling of Requests over the paged cache
+kv_waste          used / reserved / fragmented slots: paged blocks vs contiguous reservations
 """
 
 from .batching import ContinuousBatcher, Request
 from .block_allocator import BlockAllocator, OutOfBlocks
 from .paged_attention import PagedBatch, PagedKVCache, gather_kv, paged_attention
 
-__all__ = ["BlockAllocator", "ContinuousBatcher", "OutOfBlocks", "PagedBatch", "PagedKVCache", "Request", "gather_kv", "paged_attention"]
+__all__ = [
+    "BlockAllocator",
+    "ContinuousBatcher",
+    "OutOfBlocks",
+    "PagedBatch",
+    "PagedKVCache",
+    "Request",
+    "gather_kv",
+    "paged_attention",
+]

@@ -96,18 +96,27 @@ class ContinuousBatcher:
         max_pos = model.config.max_seq_len if model.config.position == "learned" else None
         for i, req in enumerate(requests):
             if max_pos is not None and len(req.prompt) + req.max_new_tokens > max_pos:
-                raise ValueError(f"request {i}: {len(req.prompt) + req.max_new_tokens} tokens exceed the position table of {max_pos}")
+                raise ValueError(
+                    f"request {i}: {len(req.prompt) + req.max_new_tokens} tokens exceed the position table of {max_pos}"
+                )
             if req.n > self.max_batch:
-                raise ValueError(f"request {i} asks for {req.n} samples, more than max_batch={self.max_batch} sequences in flight")
+                raise ValueError(
+                    f"request {i} asks for {req.n} samples, more than max_batch={self.max_batch} sequences in flight"
+                )
             admit = -(-len(req.prompt) // cache.block_size) + req.n  # the prompt, and room for each sample to grow
             finish = -(-(len(req.prompt) + req.max_new_tokens) // cache.block_size) + 1  # one sample, to the end
             if max(admit, finish) > cache.allocator.num_blocks:
-                raise ValueError(f"request {i} alone needs more than the {cache.allocator.num_blocks} blocks of the cache")
+                raise ValueError(
+                    f"request {i} alone needs more than the {cache.allocator.num_blocks} blocks of the cache"
+                )
         outputs = [[[] for _ in range(r.n)] for r in requests]
         waiting: deque[list[_Sequence]] = deque()  # groups of sequences that share their tokens
         next_id = 0
         for i, req in enumerate(requests):
-            group = [_Sequence(next_id + j, i, j, list(req.prompt), 0, torch.Generator().manual_seed(req.seed + j)) for j in range(req.n)]
+            group = [
+                _Sequence(next_id + j, i, j, list(req.prompt), 0, torch.Generator().manual_seed(req.seed + j))
+                for j in range(req.n)
+            ]
             waiting.append(group)
             self.request_of.update({seq.id: i for seq in group})
             next_id += req.n
@@ -161,11 +170,21 @@ class ContinuousBatcher:
                 ids = torch.tensor([[s.tokens[-1]] for s in group], device=device)  # (G, 1)
                 logits = model(ids, cache=PagedBatch(cache, [s.id for s in group], 1))[:, -1]  # (G, vocab)
                 for row, seq in enumerate(group):
-                    finish_or_keep(seq, self._sample(logits[row : row + 1], requests[seq.request], seq.generator), still)
+                    finish_or_keep(
+                        seq, self._sample(logits[row : row + 1], requests[seq.request], seq.generator), still
+                    )
                     made += 1
             running = sorted(still, key=lambda s: s.id)  # 4. the finished ones are gone
-            record = {"step": step, "running": len(running), "waiting": sum(map(len, waiting)), "tokens": made,
-                      "preemptions": self.preemptions, "blocks_used": cache.allocator.num_used, "lengths": dict(cache.lengths), **cache.slots()}
+            record = {
+                "step": step,
+                "running": len(running),
+                "waiting": sum(map(len, waiting)),
+                "tokens": made,
+                "preemptions": self.preemptions,
+                "blocks_used": cache.allocator.num_used,
+                "lengths": dict(cache.lengths),
+                **cache.slots(),
+            }
             self.history.append(record)
             if on_step is not None:
                 on_step(record)

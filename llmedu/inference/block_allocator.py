@@ -82,4 +82,6 @@ class BlockAllocator:
             raise AssertionError("a block is on the free list twice")
         for block, count in enumerate(self.ref_counts):
             if count < 0 or (count == 0) != (block in listed):
-                raise AssertionError(f"block {block} has reference count {count} but is {'' if block in listed else 'not '}on the free list")
+                raise AssertionError(
+                    f"block {block} has reference count {count} but is {'' if block in listed else 'not '}on the free list"
+                )

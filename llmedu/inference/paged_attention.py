@@ -46,7 +46,11 @@ def gather_kv(pool: torch.Tensor, block_tables: torch.Tensor, length: int) -> to
 
 
 def paged_attention(
-    q: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+    q: torch.Tensor,
+    key_pool: torch.Tensor,
+    value_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
 ) -> torch.Tensor:
     """Causal attention of the last Tq tokens of each sequence over its own cached context.
 
@@ -60,7 +64,9 @@ def paged_attention(
     if H % key_pool.shape[1]:
         raise ValueError(f"{key_pool.shape[1]} key/value heads do not divide {H} query heads")
     if block_tables.shape[0] != B or context_lens.shape != (B,):
-        raise ValueError(f"need one block table and one length per sequence: {B} queries, tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}")
+        raise ValueError(
+            f"need one block table and one length per sequence: {B} queries, tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}"
+        )
     if int(context_lens.min()) < Tq:
         raise ValueError(f"every context must hold the {Tq} query tokens, got lengths {context_lens.tolist()}")
     T = int(context_lens.max())
@@ -74,7 +80,16 @@ def paged_attention(
 class PagedKVCache:
     """A pool of KV blocks for every layer, and the block table and length of every sequence."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int, block_size: int, device=None, dtype=torch.float32):
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        device=None,
+        dtype=torch.float32,
+    ):
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         shape = (n_layers, num_blocks, n_kv_heads, block_size, head_dim)
@@ -134,7 +149,9 @@ class PagedKVCache:
         self._known(seq)
         needed = self.blocks_needed(seq, n_new)
         if needed > self.allocator.num_free:
-            raise OutOfBlocks(f"sequence {seq} needs {needed} more blocks for {n_new} tokens, {self.allocator.num_free} are free")
+            raise OutOfBlocks(
+                f"sequence {seq} needs {needed} more blocks for {n_new} tokens, {self.allocator.num_free} are free"
+            )
         table, length = self.tables[seq], self.lengths[seq]
         if length % self.block_size and self.allocator.is_shared(table[-1]):
             table[-1] = self._copy_on_write(table[-1])
@@ -156,7 +173,9 @@ class PagedKVCache:
         """Store k, v (H_kv, T, D) of ``seq``'s tokens start .. start + T - 1 (already reserved)."""
         T, S = k.shape[1], self.block_size
         if start + T > self.lengths[seq]:
-            raise ValueError(f"tokens {start}..{start + T - 1} of sequence {seq} were not reserved (length {self.lengths[seq]})")
+            raise ValueError(
+                f"tokens {start}..{start + T - 1} of sequence {seq} were not reserved (length {self.lengths[seq]})"
+            )
         for lo, hi in _spans(start, start + T, S):  # positions lo..hi-1 lie in one block
             block = self.tables[seq][lo // S]
             if self.allocator.is_shared(block):
@@ -209,12 +228,16 @@ class PagedBatch:
     def __init__(self, cache: PagedKVCache, seqs: list[int], n_new: int):
         past = {cache.lengths[s] for s in seqs}
         if len(past) != 1:
-            raise ValueError(f"a PagedBatch needs sequences of one length (the model takes one position), got {sorted(past)}")
+            raise ValueError(
+                f"a PagedBatch needs sequences of one length (the model takes one position), got {sorted(past)}"
+            )
         self.cache, self.seqs, self.n_new = cache, list(seqs), n_new
         self.length = past.pop()  # tokens before this pass: the position of the first new token
         needed = sum(cache.blocks_needed(s, n_new) for s in self.seqs)
         if needed > cache.allocator.num_free:  # check first, so that a failure leaves the cache as it was
-            raise OutOfBlocks(f"{len(self.seqs)} sequences need {needed} more blocks, {cache.allocator.num_free} are free")
+            raise OutOfBlocks(
+                f"{len(self.seqs)} sequences need {needed} more blocks, {cache.allocator.num_free} are free"
+            )
         for s in self.seqs:
             cache.reserve(s, n_new)
         self.tables = cache.block_tables(self.seqs)  # (B, n_blocks), after any copy-on-write
@@ -222,7 +245,9 @@ class PagedBatch:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, H_kv, n_new, D); return every key and value so far, (B, H_kv, length + n_new, D)."""
         if k.shape[0] != len(self.seqs) or k.shape[2] != self.n_new:
-            raise ValueError(f"expected keys for {len(self.seqs)} sequences x {self.n_new} tokens, got {tuple(k.shape)}")
+            raise ValueError(
+                f"expected keys for {len(self.seqs)} sequences x {self.n_new} tokens, got {tuple(k.shape)}"
+            )
         for i, s in enumerate(self.seqs):
             self.cache.write(layer, s, self.length, k[i], v[i])
         total = self.length + self.n_new

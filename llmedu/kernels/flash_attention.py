@@ -69,7 +69,9 @@ def flash_attention(
 def _check_inputs(q, k, v, causal, block_size, attn_mask) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (batch, heads, tokens, head_dim), got {getattr(t, 'shape', t)}")
+            raise ValueError(
+                f"{name} must be a 4-D tensor (batch, heads, tokens, head_dim), got {getattr(t, 'shape', t)}"
+            )
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[0] != k.shape[0]:
@@ -92,7 +94,9 @@ def _check_inputs(q, k, v, causal, block_size, attn_mask) -> None:
             if torch.broadcast_shapes(attn_mask.shape, full) != full:
                 raise RuntimeError
         except RuntimeError:
-            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, Tq, Tk) = {full}") from None
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, Tq, Tk) = {full}"
+            ) from None
         if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
             raise TypeError(f"attn_mask must be bool (True = attend) or float (added to scores), got {attn_mask.dtype}")
         if attn_mask.requires_grad:
@@ -104,7 +108,9 @@ def _tiles(n: int, size: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def _tile_bias(mask, causal: bool, q0: int, q1: int, k0: int, k1: int, offset: int, wide: torch.dtype, device) -> torch.Tensor | None:
+def _tile_bias(
+    mask, causal: bool, q0: int, q1: int, k0: int, k1: int, offset: int, wide: torch.dtype, device
+) -> torch.Tensor | None:
     """The additive bias of one (Bq, Bk) tile: 0 where a query may attend, -inf where not (or None).
 
     ``mask`` is the user's mask viewed as (B, H_kv, G, Tq, Tk) (broadcast, never copied).
@@ -112,7 +118,11 @@ def _tile_bias(mask, causal: bool, q0: int, q1: int, k0: int, k1: int, offset: i
     bias = None
     if mask is not None:
         tile = mask[..., q0:q1, k0:k1]
-        bias = torch.zeros(tile.shape, dtype=wide, device=device).masked_fill(~tile, -math.inf) if tile.dtype == torch.bool else tile.to(wide)
+        bias = (
+            torch.zeros(tile.shape, dtype=wide, device=device).masked_fill(~tile, -math.inf)
+            if tile.dtype == torch.bool
+            else tile.to(wide)
+        )
     if causal and k1 - 1 > q0 + offset:  # some key of this tile is in the future of some query
         rows = torch.arange(q0, q1, device=device)[:, None]  # (Bq, 1)
         cols = torch.arange(k0, k1, device=device)[None, :]  # (1, Bk)

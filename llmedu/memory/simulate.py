@@ -72,8 +72,10 @@ def simulate_training_step(
     one without optimizer state until ``step()``.
     """
     if isinstance(make_model, nn.Module):
-        raise TypeError("make_model must be a factory such as `lambda: TinyGPT(...)`, not a model: a model "
-                        "built outside the fake mode has already allocated its real parameters")
+        raise TypeError(
+            "make_model must be a factory such as `lambda: TinyGPT(...)`, not a model: a model "
+            "built outside the fake mode has already allocated its real parameters"
+        )
     for name, fn in (("make_model", make_model), ("make_batch", make_batch), ("make_optimizer", make_optimizer)):
         if not callable(fn):
             raise TypeError(f"{name} must be a callable (a factory), got {type(fn).__name__}")
@@ -132,8 +134,13 @@ class TinyGPT(nn.Module):
 
     def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int):
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("seq_len", seq_len), ("d_model", d_model),
-                            ("n_layers", n_layers), ("n_heads", n_heads)):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("seq_len", seq_len),
+            ("d_model", d_model),
+            ("n_layers", n_layers),
+            ("n_heads", n_heads),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if d_model % n_heads:

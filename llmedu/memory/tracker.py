@@ -285,4 +285,3 @@ class MemoryTracker(TorchDispatchMode):
         rows = [f"{c:<12}{b / scale[unit]:>12.2f} {unit}" for c, b in self.peak_by_category().items()]
         rows.append(f"{'peak':<12}{self.peak_bytes / scale[unit]:>12.2f} {unit}   at {self.peak_op}")
         return "\n".join(rows)
-

@@ -1,11 +1,11 @@
 """The course's transformer, built from ``llmedu.nn`` and selected by one config.
 
-    config        TransformerConfig: every variant is a field; presets gpt2(), bert(), llama()
-    transformer   Transformer: embeddings, blocks, final norm -> hidden states
-    gpt           CausalLM (logits), generate() with a KV cache
-    bert          MaskedLM and SequenceClassifier
-    counting      parameters, FLOPs per token, MFU
-    hf            from_hf / to_hf: weights to and from ``transformers`` (BERT, GPT-2, Llama)
+config        TransformerConfig: every variant is a field; presets gpt2(), bert(), llama()
+transformer   Transformer: embeddings, blocks, final norm -> hidden states
+gpt           CausalLM (logits), generate() with a KV cache
+bert          MaskedLM and SequenceClassifier
+counting      parameters, FLOPs per token, MFU
+hf            from_hf / to_hf: weights to and from ``transformers`` (BERT, GPT-2, Llama)
 """
 
 from .bert import MaskedLM, SequenceClassifier

@@ -62,8 +62,13 @@ class TransformerConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
-        choices = {"position": POSITIONS, "norm": NORMS, "norm_placement": PLACEMENTS, "block": BLOCKS,
-                   "activation": tuple(ACTIVATIONS)}
+        choices = {
+            "position": POSITIONS,
+            "norm": NORMS,
+            "norm_placement": PLACEMENTS,
+            "block": BLOCKS,
+            "activation": tuple(ACTIVATIONS),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
@@ -85,20 +90,46 @@ class TransformerConfig:
     @classmethod
     def gpt2(cls, **overrides) -> TransformerConfig:
         """GPT-2: learned positions, pre-LN LayerNorm, tanh-GELU, biases, tied embeddings."""
-        settings = dict(position="learned", norm="layernorm", norm_placement="pre", activation="gelu_tanh",
-                        bias=True, causal=True, tie_embeddings=True, max_seq_len=1024)
+        settings = dict(
+            position="learned",
+            norm="layernorm",
+            norm_placement="pre",
+            activation="gelu_tanh",
+            bias=True,
+            causal=True,
+            tie_embeddings=True,
+            max_seq_len=1024,
+        )
         return cls(**{**settings, **overrides})
 
     @classmethod
     def bert(cls, **overrides) -> TransformerConfig:
         """BERT: learned positions and segments, post-LN with a norm after the embeddings, exact GELU."""
-        settings = dict(position="learned", norm="layernorm", norm_eps=1e-12, norm_placement="post", activation="gelu",
-                        bias=True, causal=False, type_vocab_size=2, embedding_norm=True, tie_embeddings=True)
+        settings = dict(
+            position="learned",
+            norm="layernorm",
+            norm_eps=1e-12,
+            norm_placement="post",
+            activation="gelu",
+            bias=True,
+            causal=False,
+            type_vocab_size=2,
+            embedding_norm=True,
+            tie_embeddings=True,
+        )
         return cls(**{**settings, **overrides})
 
     @classmethod
     def llama(cls, **overrides) -> TransformerConfig:
         """LLaMA: RoPE, pre-norm RMSNorm, SwiGLU, no biases, untied output projection."""
-        settings = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, norm_placement="pre", activation="swiglu",
-                        bias=False, causal=True, tie_embeddings=False)
+        settings = dict(
+            position="rope",
+            norm="rmsnorm",
+            norm_eps=1e-6,
+            norm_placement="pre",
+            activation="swiglu",
+            bias=False,
+            causal=True,
+            tie_embeddings=False,
+        )
         return cls(**{**settings, **overrides})

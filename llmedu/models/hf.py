@@ -40,12 +40,37 @@ _HF_CLASSES = {
 _HF_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}  # base model inside the LM
 # the fields that make one of our configs a member of a family
 _FAMILY = {
-    "bert": dict(position="learned", norm="layernorm", norm_placement="post", block="serial", bias=True, causal=False,
-                 embedding_norm=True, tie_embeddings=True),
-    "gpt2": dict(position="learned", norm="layernorm", norm_placement="pre", block="serial", bias=True, causal=True,
-                 type_vocab_size=0, embedding_norm=False, tie_embeddings=True),
-    "llama": dict(position="rope", norm="rmsnorm", norm_placement="pre", block="serial", bias=False, causal=True,
-                  type_vocab_size=0, embedding_norm=False),
+    "bert": dict(
+        position="learned",
+        norm="layernorm",
+        norm_placement="post",
+        block="serial",
+        bias=True,
+        causal=False,
+        embedding_norm=True,
+        tie_embeddings=True,
+    ),
+    "gpt2": dict(
+        position="learned",
+        norm="layernorm",
+        norm_placement="pre",
+        block="serial",
+        bias=True,
+        causal=True,
+        type_vocab_size=0,
+        embedding_norm=False,
+        tie_embeddings=True,
+    ),
+    "llama": dict(
+        position="rope",
+        norm="rmsnorm",
+        norm_placement="pre",
+        block="serial",
+        bias=False,
+        causal=True,
+        type_vocab_size=0,
+        embedding_norm=False,
+    ),
 }
 _ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 _ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
@@ -56,26 +81,51 @@ _GLU_FROM_HF = {"silu": "swiglu", "gelu": "geglu"}
 def _name_table(family: str, n_layers: int) -> list[tuple[str, str, str]]:
     """(our name under Transformer, their name under the bare model, how); how: copy, t (transpose), qkv0/1/2."""
     table = {
-        "bert": [("tok_embed.weight", "embeddings.word_embeddings.weight"),
-                 ("pos_embed.weight", "embeddings.position_embeddings.weight"),
-                 ("type_embed.weight", "embeddings.token_type_embeddings.weight"),
-                 ("embed_norm.weight", "embeddings.LayerNorm.weight"), ("embed_norm.bias", "embeddings.LayerNorm.bias")],
-        "gpt2": [("tok_embed.weight", "wte.weight"), ("pos_embed.weight", "wpe.weight"),
-                 ("final_norm.weight", "ln_f.weight"), ("final_norm.bias", "ln_f.bias")],
+        "bert": [
+            ("tok_embed.weight", "embeddings.word_embeddings.weight"),
+            ("pos_embed.weight", "embeddings.position_embeddings.weight"),
+            ("type_embed.weight", "embeddings.token_type_embeddings.weight"),
+            ("embed_norm.weight", "embeddings.LayerNorm.weight"),
+            ("embed_norm.bias", "embeddings.LayerNorm.bias"),
+        ],
+        "gpt2": [
+            ("tok_embed.weight", "wte.weight"),
+            ("pos_embed.weight", "wpe.weight"),
+            ("final_norm.weight", "ln_f.weight"),
+            ("final_norm.bias", "ln_f.bias"),
+        ],
         "llama": [("tok_embed.weight", "embed_tokens.weight"), ("final_norm.weight", "norm.weight")],
     }[family]
     table = [(ours, theirs, "copy") for ours, theirs in table]
     per_layer = {
-        "bert": [("attn.q_proj", "attention.self.query"), ("attn.k_proj", "attention.self.key"),
-                 ("attn.v_proj", "attention.self.value"), ("attn.o_proj", "attention.output.dense"),
-                 ("attn_norm", "attention.output.LayerNorm"), ("mlp.up_proj", "intermediate.dense"),
-                 ("mlp.down_proj", "output.dense"), ("mlp_norm", "output.LayerNorm")],
-        "gpt2": [("attn_norm", "ln_1"), ("attn.o_proj", "attn.c_proj"), ("mlp_norm", "ln_2"),
-                 ("mlp.up_proj", "mlp.c_fc"), ("mlp.down_proj", "mlp.c_proj")],  # q, k, v: below
-        "llama": [("attn.q_proj", "self_attn.q_proj"), ("attn.k_proj", "self_attn.k_proj"),
-                  ("attn.v_proj", "self_attn.v_proj"), ("attn.o_proj", "self_attn.o_proj"),
-                  ("mlp.gate_proj", "mlp.gate_proj"), ("mlp.up_proj", "mlp.up_proj"), ("mlp.down_proj", "mlp.down_proj"),
-                  ("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")],
+        "bert": [
+            ("attn.q_proj", "attention.self.query"),
+            ("attn.k_proj", "attention.self.key"),
+            ("attn.v_proj", "attention.self.value"),
+            ("attn.o_proj", "attention.output.dense"),
+            ("attn_norm", "attention.output.LayerNorm"),
+            ("mlp.up_proj", "intermediate.dense"),
+            ("mlp.down_proj", "output.dense"),
+            ("mlp_norm", "output.LayerNorm"),
+        ],
+        "gpt2": [
+            ("attn_norm", "ln_1"),
+            ("attn.o_proj", "attn.c_proj"),
+            ("mlp_norm", "ln_2"),
+            ("mlp.up_proj", "mlp.c_fc"),
+            ("mlp.down_proj", "mlp.c_proj"),
+        ],  # q, k, v: below
+        "llama": [
+            ("attn.q_proj", "self_attn.q_proj"),
+            ("attn.k_proj", "self_attn.k_proj"),
+            ("attn.v_proj", "self_attn.v_proj"),
+            ("attn.o_proj", "self_attn.o_proj"),
+            ("mlp.gate_proj", "mlp.gate_proj"),
+            ("mlp.up_proj", "mlp.up_proj"),
+            ("mlp.down_proj", "mlp.down_proj"),
+            ("attn_norm", "input_layernorm"),
+            ("mlp_norm", "post_attention_layernorm"),
+        ],
     }[family]
     layer_prefix = {"bert": "encoder.layer", "gpt2": "h", "llama": "layers"}[family]
     params = ["weight"] if family == "llama" else ["weight", "bias"]
@@ -95,13 +145,15 @@ def _name_table(family: str, n_layers: int) -> list[tuple[str, str, str]]:
 def _head_table(family: str) -> list[tuple[str, str, str]]:
     """Names of the LM head, relative to the top-level modules."""
     if family == "bert":
-        pairs = [("mlm_head.dense.weight", "cls.predictions.transform.dense.weight"),
-                 ("mlm_head.dense.bias", "cls.predictions.transform.dense.bias"),
-                 ("mlm_head.norm.weight", "cls.predictions.transform.LayerNorm.weight"),
-                 ("mlm_head.norm.bias", "cls.predictions.transform.LayerNorm.bias"),
-                 ("mlm_head.decoder.weight", "cls.predictions.decoder.weight"),
-                 ("mlm_head.decoder.bias", "cls.predictions.decoder.bias"),
-                 ("mlm_head.decoder.bias", "cls.predictions.bias")]  # the same tensor, under two names
+        pairs = [
+            ("mlm_head.dense.weight", "cls.predictions.transform.dense.weight"),
+            ("mlm_head.dense.bias", "cls.predictions.transform.dense.bias"),
+            ("mlm_head.norm.weight", "cls.predictions.transform.LayerNorm.weight"),
+            ("mlm_head.norm.bias", "cls.predictions.transform.LayerNorm.bias"),
+            ("mlm_head.decoder.weight", "cls.predictions.decoder.weight"),
+            ("mlm_head.decoder.bias", "cls.predictions.decoder.bias"),
+            ("mlm_head.decoder.bias", "cls.predictions.bias"),
+        ]  # the same tensor, under two names
     else:
         pairs = [("lm_head.weight", "lm_head.weight")]
     return [(ours, theirs, "copy") for ours, theirs in pairs]
@@ -120,18 +172,32 @@ def _config_from_hf(family: str, hc) -> TransformerConfig:
         if getattr(hc, "position_embedding_type", "absolute") != "absolute":
             raise ValueError(f"only absolute BERT positions are supported, got {hc.position_embedding_type!r}")
         return TransformerConfig.bert(
-            vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
-            n_heads=hc.num_attention_heads, d_ff=hc.intermediate_size, max_seq_len=hc.max_position_embeddings,
-            type_vocab_size=hc.type_vocab_size, norm_eps=hc.layer_norm_eps,
-            activation=_activation(_ACT_FROM_HF, hc.hidden_act), dropout=hc.hidden_dropout_prob)
+            vocab_size=hc.vocab_size,
+            d_model=hc.hidden_size,
+            n_layers=hc.num_hidden_layers,
+            n_heads=hc.num_attention_heads,
+            d_ff=hc.intermediate_size,
+            max_seq_len=hc.max_position_embeddings,
+            type_vocab_size=hc.type_vocab_size,
+            norm_eps=hc.layer_norm_eps,
+            activation=_activation(_ACT_FROM_HF, hc.hidden_act),
+            dropout=hc.hidden_dropout_prob,
+        )
     if family == "gpt2":
         if not hc.scale_attn_weights or hc.scale_attn_by_inverse_layer_idx:
             raise ValueError("only GPT-2's standard 1/sqrt(D) attention scaling is supported")
         return TransformerConfig.gpt2(
-            vocab_size=hc.vocab_size, d_model=hc.n_embd, n_layers=hc.n_layer, n_heads=hc.n_head,
-            d_ff=hc.n_inner or 4 * hc.n_embd, max_seq_len=hc.n_positions, norm_eps=hc.layer_norm_epsilon,
-            activation=_activation(_ACT_FROM_HF, hc.activation_function), dropout=hc.resid_pdrop,
-            tie_embeddings=hc.tie_word_embeddings)
+            vocab_size=hc.vocab_size,
+            d_model=hc.n_embd,
+            n_layers=hc.n_layer,
+            n_heads=hc.n_head,
+            d_ff=hc.n_inner or 4 * hc.n_embd,
+            max_seq_len=hc.n_positions,
+            norm_eps=hc.layer_norm_epsilon,
+            activation=_activation(_ACT_FROM_HF, hc.activation_function),
+            dropout=hc.resid_pdrop,
+            tie_embeddings=hc.tie_word_embeddings,
+        )
     rope = hc.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"RoPE scaling {rope['rope_type']!r} is not supported, only the default rope")
@@ -140,10 +206,18 @@ def _config_from_hf(family: str, hc) -> TransformerConfig:
     if hc.attention_bias or hc.mlp_bias:
         raise ValueError("Llama models with attention or MLP biases are not supported")
     return TransformerConfig.llama(  # Llama has no residual dropout (its attention_dropout is on probabilities)
-        vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
-        n_heads=hc.num_attention_heads, n_kv_heads=hc.num_key_value_heads, d_ff=hc.intermediate_size,
-        max_seq_len=hc.max_position_embeddings, norm_eps=hc.rms_norm_eps, rope_base=float(rope["rope_theta"]),
-        activation=_activation(_GLU_FROM_HF, hc.hidden_act), tie_embeddings=hc.tie_word_embeddings)
+        vocab_size=hc.vocab_size,
+        d_model=hc.hidden_size,
+        n_layers=hc.num_hidden_layers,
+        n_heads=hc.num_attention_heads,
+        n_kv_heads=hc.num_key_value_heads,
+        d_ff=hc.intermediate_size,
+        max_seq_len=hc.max_position_embeddings,
+        norm_eps=hc.rms_norm_eps,
+        rope_base=float(rope["rope_theta"]),
+        activation=_activation(_GLU_FROM_HF, hc.hidden_act),
+        tie_embeddings=hc.tie_word_embeddings,
+    )
 
 
 def _hf_config(family: str, c: TransformerConfig):
@@ -152,21 +226,47 @@ def _hf_config(family: str, c: TransformerConfig):
     common = dict(vocab_size=c.vocab_size, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if family == "bert":
         return transformers.BertConfig(
-            hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-            intermediate_size=c.d_ff, hidden_act=_ACT_TO_HF[c.activation], max_position_embeddings=c.max_seq_len,
-            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.norm_eps, hidden_dropout_prob=c.dropout,
-            attention_probs_dropout_prob=0.0, **common)
+            hidden_size=c.d_model,
+            num_hidden_layers=c.n_layers,
+            num_attention_heads=c.n_heads,
+            intermediate_size=c.d_ff,
+            hidden_act=_ACT_TO_HF[c.activation],
+            max_position_embeddings=c.max_seq_len,
+            type_vocab_size=c.type_vocab_size,
+            layer_norm_eps=c.norm_eps,
+            hidden_dropout_prob=c.dropout,
+            attention_probs_dropout_prob=0.0,
+            **common,
+        )
     if family == "gpt2":
         return transformers.GPT2Config(
-            n_embd=c.d_model, n_layer=c.n_layers, n_head=c.n_heads, n_inner=c.d_ff, n_positions=c.max_seq_len,
-            activation_function=_ACT_TO_HF[c.activation], layer_norm_epsilon=c.norm_eps,
-            resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=0.0, **common)
+            n_embd=c.d_model,
+            n_layer=c.n_layers,
+            n_head=c.n_heads,
+            n_inner=c.d_ff,
+            n_positions=c.max_seq_len,
+            activation_function=_ACT_TO_HF[c.activation],
+            layer_norm_epsilon=c.norm_eps,
+            resid_pdrop=c.dropout,
+            embd_pdrop=c.dropout,
+            attn_pdrop=0.0,
+            **common,
+        )
     return transformers.LlamaConfig(
-        hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
-        num_key_value_heads=c.n_kv_heads, intermediate_size=c.d_ff, max_position_embeddings=c.max_seq_len,
-        rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
-        hidden_act={"swiglu": "silu", "geglu": "gelu"}[c.activation], tie_word_embeddings=c.tie_embeddings,
-        attention_bias=False, mlp_bias=False, **common)
+        hidden_size=c.d_model,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads,
+        intermediate_size=c.d_ff,
+        max_position_embeddings=c.max_seq_len,
+        rms_norm_eps=c.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
+        hidden_act={"swiglu": "silu", "geglu": "gelu"}[c.activation],
+        tie_word_embeddings=c.tie_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        **common,
+    )
 
 
 def _activation(mapping: dict, name: str) -> str:
@@ -217,8 +317,11 @@ def to_hf(model: nn.Module) -> nn.Module:
         cls = {"bert": transformers.BertModel, "gpt2": transformers.GPT2Model, "llama": transformers.LlamaModel}[family]
     elif isinstance(model, (CausalLM, MaskedLM)):
         head = "lm"
-        cls = {"bert": transformers.BertForMaskedLM, "gpt2": transformers.GPT2LMHeadModel,
-               "llama": transformers.LlamaForCausalLM}[family]
+        cls = {
+            "bert": transformers.BertForMaskedLM,
+            "gpt2": transformers.GPT2LMHeadModel,
+            "llama": transformers.LlamaForCausalLM,
+        }[family]
     else:
         raise TypeError(f"to_hf takes a Transformer, CausalLM or MaskedLM, got {type(model).__name__}")
     kwargs = {"add_pooling_layer": False} if cls is transformers.BertModel else {}

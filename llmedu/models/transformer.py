@@ -103,7 +103,9 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         """An empty KV cache for this model (on its device, in its dtype)."""
         c, weight = self.config, self.tok_embed.weight
-        return KVCache(c.n_layers, batch, c.n_kv_heads, c.head_dim, max_len or c.max_seq_len, weight.device, weight.dtype)
+        return KVCache(
+            c.n_layers, batch, c.n_kv_heads, c.head_dim, max_len or c.max_seq_len, weight.device, weight.dtype
+        )
 
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding table (the name ``transformers`` uses, so PEFT code finds it)."""
@@ -143,7 +145,9 @@ class Transformer(nn.Module):
         positions = torch.arange(first, first + T, device=x.device)  # (T,)
 
         if self.type_embed is not None:
-            types = token_type_ids if token_type_ids is not None else torch.zeros(B, T, dtype=torch.long, device=x.device)
+            types = (
+                token_type_ids if token_type_ids is not None else torch.zeros(B, T, dtype=torch.long, device=x.device)
+            )
             x = x + self.type_embed(types)
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)  # (T, d) broadcast over the batch

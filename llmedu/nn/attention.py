@@ -188,7 +188,9 @@ class KVCache:
 class Attention(nn.Module):
     """Grouped-query self-attention: ``n_kv_heads`` = ``n_heads`` is MHA, 1 is MQA."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True, impl: str = "sdpa"):
+    def __init__(
+        self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True, impl: str = "sdpa"
+    ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
@@ -223,7 +225,6 @@ class Attention(nn.Module):
         out = get_attention(self.impl)(q, k, v, causal, attn_mask)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*D)
         return self.o_proj(out)  # (B, T, d)
-
 
 
 def set_attention(model: nn.Module, name: str) -> None:

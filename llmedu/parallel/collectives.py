@@ -192,8 +192,13 @@ def tree_schedule(world_size: int, root: int = 0) -> list[list[tuple[int, int]]]
     """
     rounds, mask = [], 1
     while mask < world_size:
-        rounds.append([((me + root) % world_size, (me + mask + root) % world_size)
-                       for me in range(mask) if me + mask < world_size])
+        rounds.append(
+            [
+                ((me + root) % world_size, (me + mask + root) % world_size)
+                for me in range(mask)
+                if me + mask < world_size
+            ]
+        )
         mask *= 2
     return rounds
 
@@ -278,8 +283,20 @@ def scatter(tensor: torch.Tensor, src: int = 0, *, check: bool = True) -> torch.
 
 
 # -- checks that fail on every rank at once ----------------------------------------------------------
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+]
 _MAX_DIMS = 16
 
 

@@ -93,7 +93,9 @@ def launch(
         # torchrun gives each local rank its own GPU (possibly across machines): NCCL if there are GPUs
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         return _run_in_this_process(worker, world_size, args, kwargs, backend, timeout)
-    return _run_in_new_processes(worker, world_size, args, kwargs, backend or default_backend(world_size), timeout, echo)
+    return _run_in_new_processes(
+        worker, world_size, args, kwargs, backend or default_backend(world_size), timeout, echo
+    )
 
 
 def default_backend(world_size: int) -> str:
@@ -209,8 +211,10 @@ def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool) -> None:
             code = procs[rank].returncode
             error = folder / f"error{rank}.txt"
             how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            detail = error.read_text() if error.exists() else (
-                f"{how} and no Python traceback; its last output:\n" + "\n".join(tails[rank])
+            detail = (
+                error.read_text()
+                if error.exists()
+                else (f"{how} and no Python traceback; its last output:\n" + "\n".join(tails[rank]))
             )
             raise WorkerError(rank, detail)
         if all(p.poll() is not None for p in procs) and not selector.get_map():
@@ -225,7 +229,7 @@ def _wait_for_exit(procs: list[subprocess.Popen], seconds: float) -> None:
 
 def _first_failure(folder: Path, failed: list[int]) -> int:
     """The rank whose error report was written first (else the first rank seen to fail)."""
-    reports = {int(f.stem[len("error"):]): f.stat().st_mtime_ns for f in folder.glob("error*.txt")}
+    reports = {int(f.stem[len("error") :]): f.stat().st_mtime_ns for f in folder.glob("error*.txt")}
     return min(reports, key=reports.get) if reports else failed[0]
 
 

@@ -80,9 +80,16 @@ def make_mesh(dp: int, tp: int, pp: int) -> Mesh:
             if me in ranks:
                 groups[kind] = (group, ranks)
     return Mesh(
-        dp, tp, pp,
-        dp_rank=groups["dp"][1].index(me), tp_rank=groups["tp"][1].index(me), pp_rank=groups["pp"][1].index(me),
-        dp_group=groups["dp"][0], tp_group=groups["tp"][0], pp_group=groups["pp"][0], pp_ranks=groups["pp"][1],
+        dp,
+        tp,
+        pp,
+        dp_rank=groups["dp"][1].index(me),
+        tp_rank=groups["tp"][1].index(me),
+        pp_rank=groups["pp"][1].index(me),
+        dp_group=groups["dp"][0],
+        tp_group=groups["tp"][0],
+        pp_group=groups["pp"][0],
+        pp_ranks=groups["pp"][1],
     )
 
 
@@ -116,8 +123,9 @@ def train_3d(
     ``n_micro`` micro-batches. Returns the same list of losses on every rank.
     """
     mesh = make_mesh(dp, tp, pp)
-    check_tp_size(tp, n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, d_ff=config.d_ff,
-                  vocab_size=config.vocab_size)
+    check_tp_size(
+        tp, n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, d_ff=config.d_ff, vocab_size=config.vocab_size
+    )
     torch.manual_seed(seed)
     model = CausalLM(config)
     if tp > 1:

@@ -40,8 +40,16 @@ from ..models.gpt import CausalLM
 from ..nn.positions import rope_cos_sin
 from .events import EventLog
 
-__all__ = ["SCHEDULES", "schedule", "partition", "PipelineStage", "Pipeline", "SleepStage", "bubble_fraction",
-           "theoretical_bubble"]
+__all__ = [
+    "SCHEDULES",
+    "schedule",
+    "partition",
+    "PipelineStage",
+    "Pipeline",
+    "SleepStage",
+    "bubble_fraction",
+    "theoretical_bubble",
+]
 
 
 # -- schedules: what each stage does, in order --------------------------------------------------------------
@@ -62,7 +70,9 @@ def _one_f_one_b(m: int, p: int, s: int) -> list[tuple[str, int]]:
 
 
 SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[str, int]]]] = {
-    "naive": _naive, "gpipe": _gpipe, "1f1b": _one_f_one_b,
+    "naive": _naive,
+    "gpipe": _gpipe,
+    "1f1b": _one_f_one_b,
 }
 
 
@@ -128,12 +138,15 @@ class PipelineStage(nn.Module):
         if not 0 <= stage < n_stages:
             raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
         if c.position == "relative" or c.type_vocab_size or c.embedding_norm:
-            raise ValueError("pipeline stages support GPT/LLaMA-style models "
-                             "(no T5 biases, segments or embedding norm)")
+            raise ValueError(
+                "pipeline stages support GPT/LLaMA-style models (no T5 biases, segments or embedding norm)"
+            )
         if balance == "layers":
             if c.n_layers % n_stages:
-                raise ValueError(f"{c.n_layers} layers cannot be divided into {n_stages} equal stages "
-                                 "(change n_layers or use balance='parameters')")
+                raise ValueError(
+                    f"{c.n_layers} layers cannot be divided into {n_stages} equal stages "
+                    "(change n_layers or use balance='parameters')"
+                )
             costs = [1.0] * c.n_layers
         elif balance == "parameters":
             costs = [float(sum(p.numel() for p in b.parameters())) for b in t.blocks]

@@ -57,8 +57,14 @@ __all__ = ["ZeRO", "ELEMENTWISE_OPTIMIZERS"]
 # element's parameter, gradient and state. These do; LBFGS (a line search over the whole vector),
 # Adafactor-like factored moments or Shampoo do not.
 ELEMENTWISE_OPTIMIZERS = (
-    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
-    torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam,
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
 )
 
 
@@ -78,7 +84,7 @@ class _Unit:
 
     def own(self, flat: torch.Tensor) -> torch.Tensor:
         """This rank's slice of a (N·S,) buffer."""
-        return flat[self.rank * self.shard_size:(self.rank + 1) * self.shard_size]
+        return flat[self.rank * self.shard_size : (self.rank + 1) * self.shard_size]
 
     # -- stage 3: the full parameters exist only while they are used ---------------------------
     def start_gather(self) -> None:
@@ -166,7 +172,9 @@ class ZeRO(nn.Module):
                 f"among {[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}"
             )
         if not dist.is_initialized():
-            raise RuntimeError("ZeRO needs torch.distributed initialised (run it under llmedu.parallel.launch or torchrun)")
+            raise RuntimeError(
+                "ZeRO needs torch.distributed initialised (run it under llmedu.parallel.launch or torchrun)"
+            )
         if max_grad_norm is not None and max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm!r}")
         self.module, self.stage, self.max_grad_norm, self.prefetch = module, stage, max_grad_norm, prefetch

@@ -30,9 +30,20 @@ import torch
 from torch import nn
 
 __all__ = [
-    "find_modules", "replace_module", "peft_modules", "ensure_not_applied", "adapter_parameter_names",
-    "freeze_base", "mark_trainable", "count_parameters", "adapter_state_dict", "save_adapter", "load_adapter",
-    "set_adapters_enabled", "adapters_disabled", "model_dims",
+    "find_modules",
+    "replace_module",
+    "peft_modules",
+    "ensure_not_applied",
+    "adapter_parameter_names",
+    "freeze_base",
+    "mark_trainable",
+    "count_parameters",
+    "adapter_state_dict",
+    "save_adapter",
+    "load_adapter",
+    "set_adapters_enabled",
+    "adapters_disabled",
+    "model_dims",
 ]
 
 
@@ -41,7 +52,9 @@ def _matches(pattern: str, name: str) -> bool:
     return name == pattern or name.endswith("." + pattern) or re.fullmatch(pattern, name) is not None
 
 
-def find_modules(model: nn.Module, patterns: str | Iterable[str], kind: type | tuple[type, ...] = nn.Module) -> list[tuple[str, nn.Module]]:
+def find_modules(
+    model: nn.Module, patterns: str | Iterable[str], kind: type | tuple[type, ...] = nn.Module
+) -> list[tuple[str, nn.Module]]:
     """The (name, module) pairs whose name matches one of ``patterns``, in the model's order.
 
     Every pattern must match at least one module, and every match must be a ``kind``: a typo in
@@ -56,7 +69,9 @@ def find_modules(model: nn.Module, patterns: str | Iterable[str], kind: type | t
         hits = [(n, m) for n, m in named if _matches(pattern, n)]
         if not hits:
             leaves = ", ".join(sorted({n.rsplit(".", 1)[-1] for n, _ in named})[:24])
-            raise ValueError(f"target pattern {pattern!r} matches no module of {type(model).__name__}; its module names end in: {leaves}")
+            raise ValueError(
+                f"target pattern {pattern!r} matches no module of {type(model).__name__}; its module names end in: {leaves}"
+            )
         found += [hit for hit in hits if hit[0] not in {n for n, _ in found}]
     for name, module in found:
         if not isinstance(module, kind):
@@ -75,13 +90,17 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 def peft_modules(model: nn.Module, method: str | None = None) -> list[nn.Module]:
     """Every wrapper in ``model`` (the model itself included), or those of one ``method``."""
-    return [m for m in model.modules() if getattr(m, "peft_method", None) and (method is None or m.peft_method == method)]
+    return [
+        m for m in model.modules() if getattr(m, "peft_method", None) and (method is None or m.peft_method == method)
+    ]
 
 
 def ensure_not_applied(model: nn.Module, method: str) -> None:
     """Applying the same method twice would wrap wrappers; refuse with a clear message."""
     if peft_modules(model, method):
-        raise ValueError(f"{method} is already applied to this model; apply it to a fresh copy of the base model instead")
+        raise ValueError(
+            f"{method} is already applied to this model; apply it to a fresh copy of the base model instead"
+        )
 
 
 # -- which parameters train ---------------------------------------------------------------------------
@@ -155,8 +174,10 @@ def load_adapter(model: nn.Module, path: str | Path) -> None:
     wanted = set(adapter_state_dict(model))
     missing, unexpected = sorted(wanted - set(tensors)), sorted(set(tensors) - set(params))
     if missing or unexpected:
-        raise ValueError(f"{path.name} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]} "
-                         "(apply the same method with the same settings before loading)")
+        raise ValueError(
+            f"{path.name} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]} "
+            "(apply the same method with the same settings before loading)"
+        )
     with torch.no_grad():
         for name, tensor in tensors.items():
             if params[name].shape != tensor.shape:
@@ -195,5 +216,10 @@ def model_dims(model: nn.Module) -> dict[str, int]:
     if hasattr(c, "n_layers"):  # llmedu.models.TransformerConfig
         return dict(layers=c.n_layers, heads=c.n_heads, kv_heads=c.n_kv_heads, head_dim=c.head_dim, d_model=c.d_model)
     heads = c.num_attention_heads
-    return dict(layers=c.num_hidden_layers, heads=heads, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-                head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, d_model=c.hidden_size)
+    return dict(
+        layers=c.num_hidden_layers,
+        heads=heads,
+        kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        d_model=c.hidden_size,
+    )

@@ -45,8 +45,10 @@ def _layout(attention: nn.Module) -> tuple[str, str, str, str | None]:
     for names in _LAYOUTS.values():
         if all(hasattr(attention, n) for n in names if n):
             return names
-    raise TypeError(f"{type(attention).__name__} has neither q_proj/k_proj/v_proj/o_proj nor query/key/value: "
-                    "point the targets at the self-attention modules")
+    raise TypeError(
+        f"{type(attention).__name__} has neither q_proj/k_proj/v_proj/o_proj nor query/key/value: "
+        "point the targets at the self-attention modules"
+    )
 
 
 class AdaptionPromptAttention(nn.Module):
@@ -70,7 +72,9 @@ class AdaptionPromptAttention(nn.Module):
         out = self.base(*args, **kwargs)
         if not self.enabled:
             return out
-        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else (args[0] if args else kwargs["x"])  # (B, T, d)
+        hidden = (
+            kwargs["hidden_states"] if "hidden_states" in kwargs else (args[0] if args else kwargs["x"])
+        )  # (B, T, d)
         B, T, _ = hidden.shape
         H, D, P = self.heads, self.head_dim, self.adaption_prompt.shape[0]
         q = getattr(self.base, self.q)(hidden).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
@@ -84,7 +88,9 @@ class AdaptionPromptAttention(nn.Module):
         extra = (self.adaption_gate * probs) @ v  # (B, H, T, D)
         extra = extra.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         if self.o is not None:
-            extra = getattr(self.base, self.o)(extra) - _bias(getattr(self.base, self.o))  # o_proj is linear: no second bias
+            extra = getattr(self.base, self.o)(extra) - _bias(
+                getattr(self.base, self.o)
+            )  # o_proj is linear: no second bias
         if isinstance(out, tuple):  # Hugging Face returns (output, attention weights)
             return (out[0] + extra, *out[1:])
         return out + extra
@@ -117,7 +123,9 @@ def apply_llama_adapter(model: nn.Module, targets: str | Iterable[str], n_layers
         raise ValueError(f"n_layers must be between 1 and the {len(found)} attention modules found, got {n_layers!r}")
     dims = model_dims(model)
     for name, attention in found[-n_layers:]:
-        wrapper = AdaptionPromptAttention(attention, n_prompt, dims["heads"], dims["kv_heads"], dims["head_dim"], dims["d_model"])
+        wrapper = AdaptionPromptAttention(
+            attention, n_prompt, dims["heads"], dims["kv_heads"], dims["head_dim"], dims["d_model"]
+        )
         replace_module(model, name, wrapper)
     freeze_base(model)
     return [name for name, _ in found[-n_layers:]]

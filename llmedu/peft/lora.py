@@ -41,7 +41,9 @@ class LoRALinear(nn.Module):
         if not isinstance(r, int) or r <= 0:
             raise ValueError(f"the LoRA rank r must be a positive int, got {r!r}")
         if r > min(base.in_features, base.out_features):
-            raise ValueError(f"rank r={r} exceeds min(d_in, d_out) = {min(base.in_features, base.out_features)}: not low-rank")
+            raise ValueError(
+                f"rank r={r} exceeds min(d_in, d_out) = {min(base.in_features, base.out_features)}: not low-rank"
+            )
         self.base = base
         self.r, self.alpha, self.scaling = r, alpha, alpha / r
         w = base.weight
@@ -85,7 +87,9 @@ class LoRALinear(nn.Module):
         return f"r={self.r}, alpha={self.alpha}, merged={self.merged}"
 
 
-def apply_lora(model: nn.Module, targets: str | Iterable[str], r: int = 8, alpha: float = 16.0, dropout: float = 0.0) -> list[str]:
+def apply_lora(
+    model: nn.Module, targets: str | Iterable[str], r: int = 8, alpha: float = 16.0, dropout: float = 0.0
+) -> list[str]:
     """Wrap every ``nn.Linear`` whose name matches ``targets`` in a ``LoRALinear``; freeze the rest.
 
     Returns the adapted names. ``targets`` follow ``inject.find_modules``: ``["q_proj", "v_proj"]``

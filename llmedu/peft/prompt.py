@@ -60,8 +60,10 @@ class PromptTuning(nn.Module):
         if not isinstance(n_virtual, int) or n_virtual <= 0:
             raise ValueError(f"n_virtual must be a positive int, got {n_virtual!r}")
         if not hasattr(model, "get_input_embeddings"):
-            raise TypeError(f"{type(model).__name__} does not take input embeddings (no get_input_embeddings()); "
-                            "prompt tuning needs a model that accepts inputs_embeds")
+            raise TypeError(
+                f"{type(model).__name__} does not take input embeddings (no get_input_embeddings()); "
+                "prompt tuning needs a model that accepts inputs_embeds"
+            )
         table = model.get_input_embeddings().weight  # (V, d)
         if init == "vocab":
             rows = torch.randint(0, table.shape[0], (n_virtual,), device=table.device)
@@ -86,7 +88,9 @@ class PromptTuning(nn.Module):
         if token_type_ids is not None:  # the virtual tokens belong to the first segment
             kwargs["token_type_ids"] = torch.cat([token_type_ids.new_zeros(B, P), token_type_ids], dim=1)
         if labels is not None:  # token labels (language modelling) get -100, "nothing to predict", at a prompt
-            kwargs["labels"] = torch.cat([labels.new_full((B, P), -100), labels], dim=1) if labels.dim() == 2 else labels
+            kwargs["labels"] = (
+                torch.cat([labels.new_full((B, P), -100), labels], dim=1) if labels.dim() == 2 else labels
+            )
         mask = _extend_mask(attention_mask, B, P, input_ids.device)
         return self.base(inputs_embeds=embeds, attention_mask=mask, **kwargs)
 
@@ -125,8 +129,9 @@ class PrefixTuning(nn.Module):
 
     peft_method = "prefix"
 
-    def __init__(self, model: nn.Module, n_virtual: int = 20, projection: int | None = None,
-                 shift_positions: bool = True):
+    def __init__(
+        self, model: nn.Module, n_virtual: int = 20, projection: int | None = None, shift_positions: bool = True
+    ):
         super().__init__()
         ensure_not_applied(model, "prefix")
         if not isinstance(n_virtual, int) or n_virtual <= 0:
@@ -144,7 +149,9 @@ class PrefixTuning(nn.Module):
                 raise ValueError(f"projection must be None or a positive hidden size, got {projection!r}")
             kv_width = dims["kv_heads"] * dims["head_dim"]  # one layer's keys: d, or less with grouped queries
             self.prefix = nn.Parameter(torch.randn(n_virtual, kv_width, device=device))  # (P, H_kv * D)
-            self.mlp = nn.Sequential(nn.Linear(kv_width, projection), nn.Tanh(), nn.Linear(projection, width)).to(device)
+            self.mlp = nn.Sequential(nn.Linear(kv_width, projection), nn.Tanh(), nn.Linear(projection, width)).to(
+                device
+            )
         self.enabled = True
         freeze_base(self)
 

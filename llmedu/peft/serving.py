@@ -60,7 +60,9 @@ class RoutedLinear(nn.Module):
         if any(l.bias is None for l in linears) != all(l.bias is None for l in linears):
             raise ValueError("the copies of a routed layer must all have a bias, or none")
         self.register_buffer("weight", torch.stack([l.weight.detach() for l in linears]))  # (N, d_out, d_in)
-        self.register_buffer("bias", None if linears[0].bias is None else torch.stack([l.bias.detach() for l in linears]))  # (N, d_out)
+        self.register_buffer(
+            "bias", None if linears[0].bias is None else torch.stack([l.bias.detach() for l in linears])
+        )  # (N, d_out)
         self.route: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, ..., d_in) -> (B, ..., d_out)
@@ -85,7 +87,9 @@ class MultiLoRAModel(nn.Module):
         if not adapted:
             raise ValueError("give at least one adapted model")
         self.names = list(adapted)
-        per_model = [{n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)} for model in adapted.values()]
+        per_model = [
+            {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)} for model in adapted.values()
+        ]
         targets = list(per_model[0])
         if not targets:
             raise ValueError(f"adapter {self.names[0]!r} has no LoRA layer")
@@ -98,9 +102,13 @@ class MultiLoRAModel(nn.Module):
             owner = self.base.get_submodule(parent) if parent else self.base
             linear = getattr(owner, child)
             if not isinstance(linear, nn.Linear):
-                raise TypeError(f"{target!r} is a {type(linear).__name__} in the base model, not the nn.Linear it should be")
+                raise TypeError(
+                    f"{target!r} is a {type(linear).__name__} in the base model, not the nn.Linear it should be"
+                )
             setattr(owner, child, MultiLoRALinear(linear, [layers[target] for layers in per_model]))
-        heads = [n for n, m in adapted[self.names[0]].named_modules() if isinstance(m, nn.Linear) and m.weight.requires_grad]
+        heads = [
+            n for n, m in adapted[self.names[0]].named_modules() if isinstance(m, nn.Linear) and m.weight.requires_grad
+        ]
         for head in heads:
             copies = [model.get_submodule(head) for model in adapted.values()]
             if not all(isinstance(c, nn.Linear) and c.weight.requires_grad for c in copies):

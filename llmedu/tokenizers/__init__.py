@@ -1,10 +1,10 @@
 """Tokenizers from scratch: byte-level BPE (GPT-2), WordPiece (BERT), Unigram (SentencePiece).
 
-    base        the shared interface: train / encode / decode / save / load / save_hf
-    pairs       pair counts kept current while merging (what makes BPE training fast)
-    bpe         byte-level BPE; ``BPETokenizer.from_gpt2`` encodes exactly like GPT-2
-    wordpiece   BERT's basic tokenizer + greedy longest-match WordPiece; ``from_vocab`` = bert-base-uncased
-    unigram     Kudo's unigram language model: EM, Viterbi, pruning, sampled segmentations
+base        the shared interface: train / encode / decode / save / load / save_hf
+pairs       pair counts kept current while merging (what makes BPE training fast)
+bpe         byte-level BPE; ``BPETokenizer.from_gpt2`` encodes exactly like GPT-2
+wordpiece   BERT's basic tokenizer + greedy longest-match WordPiece; ``from_vocab`` = bert-base-uncased
+unigram     Kudo's unigram language model: EM, Viterbi, pruning, sampled segmentations
 """
 
 from .base import Tokenizer

@@ -96,8 +96,15 @@ class Tokenizer:
 
     def _hf_added_tokens(self, normalized: bool = False) -> list[dict]:
         return [
-            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": normalized, "special": True}
+            {
+                "id": i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": normalized,
+                "special": True,
+            }
             for t, i in sorted(self.special_tokens.items(), key=lambda kv: kv[1])
         ]
 
@@ -127,8 +134,11 @@ def check_vocab_size(vocab_size: int, minimum: int, what: str) -> None:
 def warn_if_short(tokenizer: Tokenizer, asked: int) -> None:
     """Say so when a corpus was too small to fill the vocabulary (the tokenizer is still usable)."""
     if tokenizer.vocab_size < asked:
-        warnings.warn(f"the corpus ran out of material: {type(tokenizer).__name__} has {tokenizer.vocab_size} "
-                      f"entries, not the {asked} asked for", stacklevel=3)
+        warnings.warn(
+            f"the corpus ran out of material: {type(tokenizer).__name__} has {tokenizer.vocab_size} "
+            f"entries, not the {asked} asked for",
+            stacklevel=3,
+        )
 
 
 def split_on_special(text: str, special_tokens: dict[str, int]) -> list[tuple[str, bool]]:

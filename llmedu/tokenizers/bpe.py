@@ -78,8 +78,13 @@ class BPETokenizer(Tokenizer):
         return len(self.vocab)
 
     # -- training ---------------------------------------------------------------------------------
-    def train(self, texts: str | Iterable[str], vocab_size: int,
-              special_tokens: Iterable[str] = ("<|endoftext|>",), progress: bool = False) -> BPETokenizer:
+    def train(
+        self,
+        texts: str | Iterable[str],
+        vocab_size: int,
+        special_tokens: Iterable[str] = ("<|endoftext|>",),
+        progress: bool = False,
+    ) -> BPETokenizer:
         """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``texts``."""
         texts, special_tokens = as_texts(texts), list(special_tokens)
         check_vocab_size(vocab_size, 256 + len(special_tokens), "256 bytes plus the special tokens")
@@ -164,8 +169,9 @@ class BPETokenizer(Tokenizer):
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
         missing = [c for c in byte_of if c not in encoder]
         if missing:
-            raise ValueError(f"{encoder_json_path} lacks the byte token {missing[0]!r}: "
-                             "every one of the 256 must be there")
+            raise ValueError(
+                f"{encoder_json_path} lacks the byte token {missing[0]!r}: every one of the 256 must be there"
+            )
         tok = cls()
         tok.byte_ids = [encoder[c] for c in bytes_to_unicode().values()]
         lines = Path(vocab_bpe_path).read_text(encoding="utf-8").splitlines()
@@ -187,9 +193,12 @@ class BPETokenizer(Tokenizer):
 
     # -- saving --------------------------------------------------------------------------------
     def _state(self) -> dict:
-        return {"pattern": GPT2_PATTERN, "byte_ids": self.byte_ids,
-                "merges": [[a, b, new] for (a, b), new in self.merges.items()],
-                "special_tokens": self.special_tokens}
+        return {
+            "pattern": GPT2_PATTERN,
+            "byte_ids": self.byte_ids,
+            "merges": [[a, b, new] for (a, b), new in self.merges.items()],
+            "special_tokens": self.special_tokens,
+        }
 
     @classmethod
     def _from_state(cls, state: dict) -> BPETokenizer:
@@ -206,11 +215,24 @@ class BPETokenizer(Tokenizer):
         name = {i: "".join(char[b] for b in self.vocab[i]) for i in self.vocab if i not in self.special_tokens.values()}
         byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
         return {
-            "version": "1.0", "truncation": None, "padding": None,
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
             "added_tokens": self._hf_added_tokens(),
-            "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                      "vocab": {name[i]: i for i in sorted(name)},
-                      "merges": [[name[a], name[b]] for a, b in self.merges]},
+            "normalizer": None,
+            "pre_tokenizer": byte_level,
+            "post_processor": None,
+            "decoder": byte_level,
+            "model": {
+                "type": "BPE",
+                "dropout": None,
+                "unk_token": None,
+                "continuing_subword_prefix": None,
+                "end_of_word_suffix": None,
+                "fuse_unk": False,
+                "byte_fallback": False,
+                "ignore_merges": False,
+                "vocab": {name[i]: i for i in sorted(name)},
+                "merges": [[name[a], name[b]] for a, b in self.merges],
+            },
         }

@@ -173,9 +173,16 @@ class UnigramTokenizer(Tokenizer):
         return self.pieces[i]
 
     # -- training -----------------------------------------------------------------------------
-    def train(self, texts: str | Iterable[str], vocab_size: int, special_tokens: Iterable[str] = ("<unk>",),
-              seed_size: int | None = None, shrink: float = 0.75, em_steps: int = 2,
-              progress: bool = False) -> UnigramTokenizer:
+    def train(
+        self,
+        texts: str | Iterable[str],
+        vocab_size: int,
+        special_tokens: Iterable[str] = ("<unk>",),
+        seed_size: int | None = None,
+        shrink: float = 0.75,
+        em_steps: int = 2,
+        progress: bool = False,
+    ) -> UnigramTokenizer:
         """Seed, then alternate EM and pruning until ``vocab_size`` pieces (special tokens included).
 
         ``seed_size`` substrings start the search (by default ten times ``vocab_size``); each
@@ -188,8 +195,9 @@ class UnigramTokenizer(Tokenizer):
                 if not special:
                     words.update(metaspace_words(piece))
         chars = {c for w in words for c in w}
-        check_vocab_size(vocab_size, len(chars) + len(special_tokens),
-                         "the special tokens plus the characters of the corpus")
+        check_vocab_size(
+            vocab_size, len(chars) + len(special_tokens), "the special tokens plus the characters of the corpus"
+        )
         substrings: Counter[str] = Counter()
         for w, n in words.items():
             for i in range(len(w)):
@@ -212,13 +220,17 @@ class UnigramTokenizer(Tokenizer):
             scores = self._prune(words, scores, chars, keep)
         bar.close()
         ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
-        self._set_vocab(special_tokens + [p for p, _ in ranked], [0.0] * len(special_tokens) + [s for _, s in ranked],
-                        {t: i for i, t in enumerate(special_tokens)})
+        self._set_vocab(
+            special_tokens + [p for p, _ in ranked],
+            [0.0] * len(special_tokens) + [s for _, s in ranked],
+            {t: i for i, t in enumerate(special_tokens)},
+        )
         warn_if_short(self, vocab_size)
         return self
 
-    def _em_step(self, words: Counter[str], scores: dict[str, float], chars: set[str],
-                 min_size: int) -> dict[str, float]:
+    def _em_step(
+        self, words: Counter[str], scores: dict[str, float], chars: set[str], min_size: int
+    ) -> dict[str, float]:
         """E: count pieces in the Viterbi segmentations; M: normalise.
 
         Unused pieces drop out, unless that would leave fewer than ``min_size``: then the best of
@@ -229,7 +241,7 @@ class UnigramTokenizer(Tokenizer):
             for piece in self._viterbi(w, scores):
                 counts[piece] += n
         unused = sorted((p for p in scores if p not in counts), key=lambda p: (-scores[p], p))
-        counts.update({p: 0 for p in unused[:max(0, min_size - len(counts))]})
+        counts.update({p: 0 for p in unused[: max(0, min_size - len(counts))]})
         total = sum(counts.values())
         return {p: math.log(max(n, 0.5) / total) for p, n in counts.items()}
 
@@ -264,11 +276,20 @@ class UnigramTokenizer(Tokenizer):
     def hf_json(self) -> dict:
         metaspace = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "always", "split": True}
         return {
-            "version": "1.0", "truncation": None, "padding": None,
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
             "added_tokens": self._hf_added_tokens(),
-            "normalizer": None, "pre_tokenizer": metaspace, "post_processor": None, "decoder": metaspace,
-            "model": {"type": "Unigram", "unk_id": self.unk_id, "byte_fallback": False,
-                      "vocab": [[p, s] for p, s in zip(self.pieces, self.scores)]},
+            "normalizer": None,
+            "pre_tokenizer": metaspace,
+            "post_processor": None,
+            "decoder": metaspace,
+            "model": {
+                "type": "Unigram",
+                "unk_id": self.unk_id,
+                "byte_fallback": False,
+                "vocab": [[p, s] for p, s in zip(self.pieces, self.scores)],
+            },
         }
 
 

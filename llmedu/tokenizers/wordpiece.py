@@ -48,8 +48,16 @@ __all__ = ["WordPieceTokenizer", "basic_tokenize", "normalize", "is_cjk", "likel
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _EXTRA_WHITESPACE = set("\t\n\r\x0b\x0c\x85\u2028\u2029")  # Unicode White_Space outside category Zs
-_CJK = [(0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-        (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)]
+_CJK = [
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+]
 
 
 def _is_whitespace(c: str) -> bool:
@@ -69,8 +77,7 @@ def is_cjk(c: str) -> bool:
     return any(lo <= ord(c) <= hi for lo, hi in _CJK)
 
 
-def normalize(text: str, lowercase: bool = True, strip_accents: bool | None = None,
-              split_cjk: bool = True) -> str:
+def normalize(text: str, lowercase: bool = True, strip_accents: bool | None = None, split_cjk: bool = True) -> str:
     """BERT's normaliser: clean, space out CJK, strip accents (by default when lower-casing), lower-case."""
     out = []
     for c in text:
@@ -195,9 +202,19 @@ class WordPieceTokenizer(Tokenizer):
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"id {i} is not in the vocabulary (size {self.vocab_size})")
             token = self.tokens_by_id[i]
-            out += token[len(self.prefix):] if token.startswith(self.prefix) else (" " if out else "") + token
-        for before, after in [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                              (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]:
+            out += token[len(self.prefix) :] if token.startswith(self.prefix) else (" " if out else "") + token
+        for before, after in [
+            (" .", "."),
+            (" ?", "?"),
+            (" !", "!"),
+            (" ,", ","),
+            (" ' ", "'"),
+            (" n't", "n't"),
+            (" 'm", "'m"),
+            (" 's", "'s"),
+            (" 've", "'ve"),
+            (" 're", "'re"),
+        ]:
             out = out.replace(before, after)  # the same clean-up as Hugging Face's WordPiece decoder
         return out
 
@@ -205,8 +222,13 @@ class WordPieceTokenizer(Tokenizer):
         return self.tokens_by_id[i]
 
     # -- training -----------------------------------------------------------------------------
-    def train(self, texts: str | Iterable[str], vocab_size: int, special_tokens: Iterable[str] = BERT_SPECIALS,
-              progress: bool = False) -> WordPieceTokenizer:
+    def train(
+        self,
+        texts: str | Iterable[str],
+        vocab_size: int,
+        special_tokens: Iterable[str] = BERT_SPECIALS,
+        progress: bool = False,
+    ) -> WordPieceTokenizer:
         """Learn a vocabulary of ``vocab_size`` entries: special tokens, characters, then merges."""
         texts, special_tokens = as_texts(texts), list(special_tokens)
         words: Counter[str] = Counter()
@@ -220,7 +242,7 @@ class WordPieceTokenizer(Tokenizer):
         bar = tqdm(total=vocab_size - len(tokens), disable=not progress, desc="WordPiece merges", leave=False)
         while len(tokens) < vocab_size and state.counts:
             a, b = max(state.counts, key=likelihood_gain(state))
-            merged = tokens[a] + tokens[b][len(self.prefix):]
+            merged = tokens[a] + tokens[b][len(self.prefix) :]
             if merged not in index:  # (it may be: the same string reached from another pair)
                 index[merged] = len(tokens)
                 tokens.append(merged)
@@ -246,10 +268,17 @@ class WordPieceTokenizer(Tokenizer):
         special = lambda t, type_id=0: {"SpecialToken": {"id": t, "type_id": type_id}}  # noqa: E731
         sequence = lambda s, type_id: {"Sequence": {"id": s, "type_id": type_id}}  # noqa: E731
         return {
-            "version": "1.0", "truncation": None, "padding": None,
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
             "added_tokens": self._hf_added_tokens(),
-            "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
-                           "strip_accents": None, "lowercase": self.lowercase},
+            "normalizer": {
+                "type": "BertNormalizer",
+                "clean_text": True,
+                "handle_chinese_chars": True,
+                "strip_accents": None,
+                "lowercase": self.lowercase,
+            },
             "pre_tokenizer": {"type": "BertPreTokenizer"},
             "post_processor": {
                 "type": "TemplateProcessing",
@@ -258,6 +287,11 @@ class WordPieceTokenizer(Tokenizer):
                 "special_tokens": {t: {"id": t, "ids": [i], "tokens": [t]} for t, i in (cls_, sep)},
             },
             "decoder": {"type": "WordPiece", "prefix": self.prefix, "cleanup": True},
-            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": self.prefix,
-                      "max_input_chars_per_word": self.max_chars_per_word, "vocab": self.vocab},
+            "model": {
+                "type": "WordPiece",
+                "unk_token": "[UNK]",
+                "continuing_subword_prefix": self.prefix,
+                "max_input_chars_per_word": self.max_chars_per_word,
+                "vocab": self.vocab,
+            },
         }

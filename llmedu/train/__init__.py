@@ -1,11 +1,11 @@
 """Efficiency on one device: the trainer, mixed precision, activation recomputation.
 
-    loop          train(model, optimizer, batches, loss_fn, TrainConfig(...)): a budget in steps or
-                  seconds, gradient accumulation, precision, clipping, schedules, callbacks, checkpoints
-    precision     number formats, fp32 master weights, the dynamic loss scaler, autocast policies
-    recompute     activation checkpointing as an autograd.Function; per-block, sqrt(L), attention-only
-    schedules     warm-up, cosine, linear, triangular, one-cycle: step -> learning-rate multiplier
-    checkpoint    safetensors + JSON, written atomically, loaded without unpickling
+loop          train(model, optimizer, batches, loss_fn, TrainConfig(...)): a budget in steps or
+              seconds, gradient accumulation, precision, clipping, schedules, callbacks, checkpoints
+precision     number formats, fp32 master weights, the dynamic loss scaler, autocast policies
+recompute     activation checkpointing as an autograd.Function; per-block, sqrt(L), attention-only
+schedules     warm-up, cosine, linear, triangular, one-cycle: step -> learning-rate multiplier
+checkpoint    safetensors + JSON, written atomically, loaded without unpickling
 """
 
 from .checkpoint import CheckpointError

@@ -92,7 +92,10 @@ def save(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, t
         "format": FORMAT,
         **train_state,
         "optimizer": {"param_groups": groups, "scalars": scalars, "n_state": len(opt["state"])},
-        "rng": {"numpy": [np_kind, np_pos, np_has_gauss, np_gauss], "python": [py_version, list(py_internal), py_gauss]},
+        "rng": {
+            "numpy": [np_kind, np_pos, np_has_gauss, np_gauss],
+            "python": [py_version, list(py_internal), py_gauss],
+        },
     }
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
@@ -161,7 +164,9 @@ def _optimizer_state(path: Path, optimizer: torch.optim.Optimizer, tensors: dict
     for index, per_param in state.items():
         for name, value in per_param.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[index].shape:
-                raise CheckpointError(f"{path}: optimizer state {name} of parameter {index} is {tuple(value.shape)}, the parameter {tuple(params[index].shape)}")
+                raise CheckpointError(
+                    f"{path}: optimizer state {name} of parameter {index} is {tuple(value.shape)}, the parameter {tuple(params[index].shape)}"
+                )
     # JSON turned tuples (Adam's betas) into lists
     groups = [{k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in g.items()} for g in groups]
     return {"state": state, "param_groups": groups}

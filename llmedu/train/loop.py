@@ -183,11 +183,18 @@ def train(
         if policy.scaler is not None and state.get("scaler"):
             policy.scaler.load_state_dict(state["scaler"])
     elif c.checkpoint_dir is not None and ckpt.latest(c.checkpoint_dir) is not None:
-        raise FileExistsError(f"{c.checkpoint_dir} already holds checkpoints: pass resume=True, or use an empty directory")
+        raise FileExistsError(
+            f"{c.checkpoint_dir} already holds checkpoints: pass resume=True, or use an empty directory"
+        )
 
     def save() -> None:
         scaler = policy.scaler.state_dict() if policy.scaler else None
-        ckpt.save(c.checkpoint_dir, model, optimizer, {"step": step, "position": position, "seconds": elapsed, "scaler": scaler})
+        ckpt.save(
+            c.checkpoint_dir,
+            model,
+            optimizer,
+            {"step": step, "position": position, "seconds": elapsed, "scaler": scaler},
+        )
 
     data = _micro_batches(batches, position)
     history = History()
@@ -239,7 +246,17 @@ def train(
         synchronize(params[0].device)  # GPU kernels run asynchronously: wait before reading the clock
         seconds = time.perf_counter() - start
         elapsed += seconds
-        info = StepInfo(step, loss_sum, optimizer.param_groups[0]["lr"], float(grad_norm), tokens, seconds, elapsed, scale, not stepped)
+        info = StepInfo(
+            step,
+            loss_sum,
+            optimizer.param_groups[0]["lr"],
+            float(grad_norm),
+            tokens,
+            seconds,
+            elapsed,
+            scale,
+            not stepped,
+        )
         history.steps.append(info)
         for callback in callbacks:
             callback(info)

@@ -71,7 +71,7 @@ def bit_pattern(value: float, dtype: torch.dtype) -> str:
     else:  # bf16 and fp16 are 16-bit: read the rounded value's bits as an int16
         raw = torch.tensor([value], dtype=dtype).view(torch.int16).item() & 0xFFFF
     bits = format(raw, f"0{1 + exponent + mantissa}b")
-    return f"{bits[0]} {bits[1:1 + exponent]} {bits[1 + exponent:]}"
+    return f"{bits[0]} {bits[1 : 1 + exponent]} {bits[1 + exponent :]}"
 
 
 # -- the dynamic loss scaler ----------------------------------------------------------------------
@@ -86,7 +86,13 @@ class LossScaler:
         scaler.update()                   # back off on overflow, grow after a clean streak
     """
 
-    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000):
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ):
         if init_scale <= 0 or growth_factor <= 1 or not 0 < backoff_factor < 1 or growth_interval < 1:
             raise ValueError("need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1")
         self.scale_value = float(init_scale)
