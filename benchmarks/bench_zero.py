@@ -1,7 +1,7 @@
 """DDP against ZeRO-1, 2, 3 and ZeRO-Offload: step time, per-rank memory and bytes sent, one run.
 
-    python benchmarks/zero.py                       # 2 and 4 ranks, a 4-layer transformer
-    python benchmarks/zero.py --ranks 2 --layers 8 --d-model 256 --steps 10
+    python benchmarks/bench_zero.py                       # 2 and 4 ranks, a 4-layer transformer
+    python benchmarks/bench_zero.py --ranks 2 --layers 8 --d-model 256 --steps 10
 
 Every rank trains the same transformer (fp32, AdamW, untied embeddings) on its own batch. For each
 wrapper: a warm-up step, then ``--steps`` timed steps (the slowest rank's time per step, median);

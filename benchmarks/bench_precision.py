@@ -1,7 +1,7 @@
 """Is bf16 "2-3x faster and half the memory"? fp32 vs bf16 on the same model, in the same run.
 
-    python benchmarks/precision.py                  # sizes for this machine (smaller with LLMEDU_FAST=1)
-    python benchmarks/precision.py --d-model 1024 --layers 8 --seq 1024 --batch 8   # a GPU
+    python benchmarks/bench_precision.py                  # sizes for this machine (smaller with LLMEDU_FAST=1)
+    python benchmarks/bench_precision.py --d-model 1024 --layers 8 --seq 1024 --batch 8   # a GPU
 
 Three ways to train our GPT with AdamW, one training step each (forward, backward, update):
 

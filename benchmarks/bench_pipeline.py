@@ -1,7 +1,7 @@
 """The pipeline bubble, measured on real processes, against (p - 1) / (m + p - 1).
 
-    python benchmarks/pipeline.py                      # p = 2 and 4 stages, m = 1, 2, 4, 8, 16
-    python benchmarks/pipeline.py --stages 4 --forward-ms 30
+    python benchmarks/bench_pipeline.py                      # p = 2 and 4 stages, m = 1, 2, 4, 8, 16
+    python benchmarks/bench_pipeline.py --stages 4 --forward-ms 30
 
 Each stage is a small linear layer followed by a fixed **sleep**: ``--forward-ms`` in forward and
 twice that in backward (the usual 1:2 ratio). A sleep, unlike a matmul, takes the same time on a

@@ -1,7 +1,7 @@
 """How fast is our BPE? Training on ~5 MB of real text, against a naive trainer and against Rust.
 
-    python benchmarks/tokenizers.py                 # ~5 MB, vocabulary 8,000, 3 repeats
-    python benchmarks/tokenizers.py --megabytes 1 --vocab-size 4000 --naive-merges 200 --repeats 1   # quick
+    python benchmarks/bench_tokenizers.py                 # ~5 MB, vocabulary 8,000, 3 repeats
+    python benchmarks/bench_tokenizers.py --megabytes 1 --vocab-size 4000 --naive-merges 200 --repeats 1   # quick
 
 Claims checked (all from this one run, on this machine):
 
@@ -22,18 +22,13 @@ import statistics
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-# `python benchmarks/tokenizers.py` puts this folder first on sys.path, where this very file would
-# shadow Hugging Face's `tokenizers` package; take the folder off the path before importing it.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import regex
 
-import regex  # noqa: E402
-
-from llmedu.data import load_corpus, reference_files  # noqa: E402
-from llmedu.tokenizers import BPETokenizer  # noqa: E402
-from llmedu.tokenizers.bpe import GPT2_PATTERN, bytes_to_unicode  # noqa: E402
-from llmedu.tokenizers.pairs import merge_pair  # noqa: E402
+from llmedu.data import load_corpus, reference_files
+from llmedu.tokenizers import BPETokenizer
+from llmedu.tokenizers.bpe import GPT2_PATTERN, bytes_to_unicode
+from llmedu.tokenizers.pairs import merge_pair
 
 
 def naive_bpe(text: str, vocab_size: int) -> list[tuple[int, int]]:

@@ -1,7 +1,7 @@
 """Our ring all-reduce (send/recv only) against torch.distributed.all_reduce (gloo's own), CPU.
 
-    python benchmarks/collectives.py                 # 2 and 4 ranks, 1 KB to 64 MB
-    python benchmarks/collectives.py --ranks 4 --max-mb 16 --repeats 5
+    python benchmarks/bench_collectives.py                 # 2 and 4 ranks, 1 KB to 64 MB
+    python benchmarks/bench_collectives.py --ranks 4 --max-mb 16 --repeats 5
 
 Each size is timed on every rank between barriers; a repeat's time is the slowest rank's (a
 collective is over when its last rank is done). The table gives the best and the median of the

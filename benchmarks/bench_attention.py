@@ -1,8 +1,8 @@
 """Claims of lessons 15-16, measured in one run: FlashAttention's memory, PagedAttention's waste.
 
-    python benchmarks/attention.py                      # T = 1024 .. 8192, 3 repeats
-    python benchmarks/attention.py --lengths 1024 2048 --repeats 2
-    python benchmarks/attention.py --threads 1          # on a busy shared CPU
+    python benchmarks/bench_attention.py                      # T = 1024 .. 8192, 3 repeats
+    python benchmarks/bench_attention.py --lengths 1024 2048 --repeats 2
+    python benchmarks/bench_attention.py --threads 1          # on a busy shared CPU
 
 1. Attention forward + backward at sequence lengths T, for the naive implementation (the score
    matrix written out), PyTorch's ``scaled_dot_product_attention`` and ``llmedu.kernels.flash_attention``:
@@ -22,19 +22,16 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from llmedu.inference import ContinuousBatcher, Request  # noqa: E402
-from llmedu.inference.kv_waste import contiguous_breakdown, external_fragmentation, paged_waste  # noqa: E402
-from llmedu.kernels import flash_attention  # noqa: E402
-from llmedu.memory import MemoryTracker  # noqa: E402
-from llmedu.models import CausalLM, TransformerConfig  # noqa: E402
-from llmedu.nn.attention import math_attention, sdpa_attention  # noqa: E402
-from llmedu.runtime import Timer, device, seed_everything  # noqa: E402
+from llmedu.inference import ContinuousBatcher, Request
+from llmedu.inference.kv_waste import contiguous_breakdown, external_fragmentation, paged_waste
+from llmedu.kernels import flash_attention
+from llmedu.memory import MemoryTracker
+from llmedu.models import CausalLM, TransformerConfig
+from llmedu.nn.attention import math_attention, sdpa_attention
+from llmedu.runtime import Timer, device, seed_everything
 
 IMPLEMENTATIONS = {
     "naive": lambda q, k, v: math_attention(q, k, v, True, None),
