@@ -63,7 +63,9 @@ class Tokenizer:
     def _from_state(cls, state: dict) -> Tokenizer:
         raise NotImplementedError
 
-    def hf_json(self) -> dict:  # the ``tokenizer.json`` document of Hugging Face ``tokenizers``
+    def _hf_pipeline(self) -> dict:
+        """The parts of a ``tokenizer.json`` that differ by algorithm: normalizer, pre_tokenizer,
+        post_processor, decoder (each a dict, or None for none) and model."""
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------
@@ -89,6 +91,13 @@ class Tokenizer:
         if state.get("format") != FORMAT_VERSION:
             raise ValueError(f"{path} has format {state.get('format')!r}; this llmedu reads {FORMAT_VERSION}")
         return cls._from_state(state)
+
+    def hf_json(self) -> dict:
+        """The ``tokenizer.json`` document of Hugging Face ``tokenizers``: its envelope, our special
+        tokens as added tokens, and the algorithm's own pipeline (``_hf_pipeline``)."""
+        parts = {"normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None}
+        parts.update(self._hf_pipeline())
+        return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": self._hf_added_tokens(), **parts}
 
     def save_hf(self, path: str | Path) -> None:
         """Write a ``tokenizer.json`` that ``transformers.PreTrainedTokenizerFast`` loads."""

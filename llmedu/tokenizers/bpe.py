@@ -209,19 +209,13 @@ class BPETokenizer(Tokenizer):
         tok._build()
         return tok
 
-    def hf_json(self) -> dict:
+    def _hf_pipeline(self) -> dict:
         """Hugging Face's byte-level BPE: the same regex, bytes written with GPT-2's stand-ins."""
         char = bytes_to_unicode()
         name = {i: "".join(char[b] for b in self.vocab[i]) for i in self.vocab if i not in self.special_tokens.values()}
         byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
         return {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": self._hf_added_tokens(),
-            "normalizer": None,
             "pre_tokenizer": byte_level,
-            "post_processor": None,
             "decoder": byte_level,
             "model": {
                 "type": "BPE",

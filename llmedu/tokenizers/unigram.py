@@ -273,16 +273,11 @@ class UnigramTokenizer(Tokenizer):
         tok._set_vocab(list(state["pieces"]), list(state["scores"]), dict(state["special_tokens"]))
         return tok
 
-    def hf_json(self) -> dict:
+    def _hf_pipeline(self) -> dict:
+        """Hugging Face's Unigram model: Metaspace pieces and their log-probabilities."""
         metaspace = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "always", "split": True}
         return {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": self._hf_added_tokens(),
-            "normalizer": None,
             "pre_tokenizer": metaspace,
-            "post_processor": None,
             "decoder": metaspace,
             "model": {
                 "type": "Unigram",

@@ -263,15 +263,12 @@ class WordPieceTokenizer(Tokenizer):
         tok._set_vocab(list(state["vocab"]))
         return tok
 
-    def hf_json(self) -> dict:
+    def _hf_pipeline(self) -> dict:
+        """Hugging Face's BERT pipeline: its normalizer and pre-tokenizer, [CLS] A [SEP] (B [SEP]), WordPiece."""
         cls_, sep = ("[CLS]", self.vocab["[CLS]"]), ("[SEP]", self.vocab["[SEP]"])
         special = lambda t, type_id=0: {"SpecialToken": {"id": t, "type_id": type_id}}  # noqa: E731
         sequence = lambda s, type_id: {"Sequence": {"id": s, "type_id": type_id}}  # noqa: E731
         return {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": self._hf_added_tokens(),
             "normalizer": {
                 "type": "BertNormalizer",
                 "clean_text": True,
