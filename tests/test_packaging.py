@@ -1,7 +1,10 @@
 """The set-up files agree with each other, and the README's commands are the ones CI runs."""
 
+import ast
+import json
 import re
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,57 @@ def test_ci_runs_exactly_the_readme_test_command():
 @pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 def test_readme_links_every_notebook(notebook):
     assert f"notebooks/{notebook}" in (ROOT / "README.md").read_text()
+
+
+def _requirement_name(requirement: str) -> str:
+    """'transformers>=4.46' -> 'transformers', normalised as PyPI compares names."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
+
+
+def _imported_modules(source: str) -> set[str]:
+    """Top-level module names imported anywhere in ``source`` (lazy imports inside functions too)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _lesson_and_library_imports() -> dict[str, str]:
+    """Module name -> one file that imports it, over every lesson's code cells and the library."""
+    found = {}
+    for path in sorted((ROOT / "llmedu").rglob("*.py")):
+        for name in _imported_modules(path.read_text()):
+            found.setdefault(name, str(path.relative_to(ROOT)))
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "code":  # IPython magics and shell escapes are not Python
+                lines = [
+                    line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!"))
+                ]
+                for name in _imported_modules("\n".join(lines)):
+                    found.setdefault(name, str(path.relative_to(ROOT)))
+    return found
+
+
+def test_lab_set_up_provides_every_import_of_the_lessons():
+    """The README's lab set-up (`pip install -e ".[lab]"`) must run every lesson: each third-party module
+    that a notebook or the library imports comes from a dependency, the lab extra, or what those two
+    require directly (IPython through ipywidgets). Fails, naming the module, when a lesson imports more."""
+    project = _pyproject()["project"]
+    direct = {_requirement_name(r) for r in project["dependencies"] + project["optional-dependencies"]["lab"]}
+    provided = set(direct)
+    for dist in direct:
+        provided |= {_requirement_name(r) for r in metadata.requires(dist) or [] if "extra ==" not in r}
+    distributions = metadata.packages_distributions()
+    missing = []
+    for module, where in sorted(_lesson_and_library_imports().items()):
+        if module in sys.stdlib_module_names or module in ("llmedu", "__future__"):
+            continue
+        dists = {_requirement_name(d) for d in distributions.get(module, [])}
+        assert dists, f"{where} imports {module!r}, which no installed distribution provides"
+        if not dists & provided:
+            missing.append(f"{module} (from {where}; distribution {', '.join(sorted(dists))})")
+    assert not missing, "the lab extra does not install what these lessons import: " + "; ".join(missing)
