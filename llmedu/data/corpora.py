@@ -21,7 +21,8 @@ and three are the English of today, which the old books lack, the language of op
 them with blank lines into one string. The split is by whole document, so no play, article or book
 is cut in two: every tenth document (indices 9, 19, 29, ... in the source's own order) is
 validation, the rest is train. The cleaned text is cached as plain text under
-``cache_dir()/corpora`` (documents separated by a form feed), so a second call is a file read.
+``cache_dir()/corpora`` (documents separated by a form feed) with its sha256 beside it, so a second
+call is a file read, and a damaged cached file is rebuilt from its archive (``cache.read_derived``).
 
 What this leaves out: the wiki-markup cleaner is a few regular expressions, not a MediaWiki
 parser (like gensim's ``filter_wiki``, it drops templates, tables and references rather than
@@ -41,7 +42,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .fetch import cache_dir, list_members, read_member, write_atomically
+from .cache import cache_dir, read_derived, write_derived
+from .fetch import list_members, read_member
 
 __all__ = ["available_corpora", "load_documents", "load_corpus", "vader_snippets"]
 
@@ -234,14 +236,16 @@ def load_documents(name: str, split: str = "train") -> list[str]:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     cached = cache_dir() / "corpora" / _FORMAT / name / f"{split}.txt"
-    if not cached.is_file():
+    data = read_derived(cached)
+    if data is None:  # not built yet, or altered since: build both splits again from the archive
         documents = [d for d in _CORPORA[name].read() if d]
         if len(documents) < 10:
             raise RuntimeError(f"corpus {name!r} yielded {len(documents)} documents; the archive is not as expected")
         parts = {s: [d for i, d in enumerate(documents) if (i % 10 == 9) == (s == "validation")] for s in SPLITS}
         for s, docs in parts.items():
-            write_atomically(cached.with_name(f"{s}.txt"), _SEPARATOR.join(docs).encode("utf-8"))
-    return cached.read_text(encoding="utf-8").split(_SEPARATOR)
+            write_derived(cached.with_name(f"{s}.txt"), _SEPARATOR.join(docs).encode("utf-8"))
+        data = _SEPARATOR.join(parts[split]).encode("utf-8")
+    return data.decode("utf-8").split(_SEPARATOR)
 
 
 def load_corpus(name: str, split: str = "train") -> str:

@@ -33,8 +33,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..tokenizers import WordPieceTokenizer
+from .cache import cache_dir
 from .corpora import load_documents
-from .fetch import cache_dir
 
 __all__ = ["train_tokenizer", "pack", "packed_rows", "mask_tokens", "MLMBatches"]
 

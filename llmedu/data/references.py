@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .fetch import cache_dir, read_member, write_atomically
+from .cache import cache_dir, derived_path, write_derived
+from .fetch import read_member
 
 __all__ = ["REFERENCES", "reference_files"]
 
@@ -63,7 +64,7 @@ def reference_files(name: str) -> dict[str, Path]:
     paths = {}
     for filename, member in members.items():
         path = folder / filename
-        if not path.is_file():
-            write_atomically(path, read_member(archive, member))
+        if derived_path(path) is None:  # not extracted yet, or altered since
+            write_derived(path, read_member(archive, member))
         paths[filename] = path
     return paths

@@ -1,0 +1,113 @@
+"""The data cache: where the archives and the files made from them live, and how those files are kept honest.
+
+Where the cache is (``cache_dir()``), first match wins:
+
+1. ``$LLMEDU_DATA`` if it is set;
+2. ``<repository>/data/cache`` when llmedu runs from a source checkout (an editable install);
+3. ``$XDG_CACHE_HOME/llmedu`` (by default ``~/.cache/llmedu``) for an ordinary install.
+
+The archives themselves are pinned by sha256 in ``fetch.py``. Everything made from them (cleaned
+corpora, extracted reference files) is a *derived* file: ``write_derived`` writes it atomically with
+its sha256 beside it (``NAME.sha256``), and ``read_derived`` returns it only while the two agree, so a
+truncated or altered file is rebuilt from its archive instead of being trusted forever. Files are
+written readable by everyone the umask allows, like the archives, so one ``LLMEDU_DATA`` folder can
+serve several users.
+
+Left out: locking. Two processes that build the same file at once both write it whole and the
+second rename wins, which is harmless because both wrote the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["cache_dir", "sha256_of", "write_atomically", "write_derived", "read_derived", "derived_path"]
+
+
+def cache_dir() -> Path:
+    """The folder that holds the archives and everything extracted from them (see the docstring)."""
+    if os.environ.get("LLMEDU_DATA"):
+        return Path(os.environ["LLMEDU_DATA"]).expanduser().resolve()
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").is_file() and (repo / "llmedu" / "__init__.py").is_file():
+        return repo / "data" / "cache"
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "llmedu"
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader (another process) never sees half a file.
+
+    The file gets the mode an ordinary ``open(path, "w")`` would give (0644 under the usual umask),
+    not the 0600 of a temporary file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        tmp.write(data)
+    os.chmod(tmp.name, 0o666 & ~_umask())
+    os.replace(tmp.name, path)
+
+
+def _checksum_file(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+_trusted: dict[Path, tuple[int, int]] = {}  # derived files this process has checked: path -> (size, mtime_ns)
+
+
+def write_derived(path: Path, data: bytes) -> None:
+    """Write a file made from an archive, and its sha256 beside it for ``read_derived`` to check."""
+    write_atomically(path, data)
+    write_atomically(_checksum_file(path), (hashlib.sha256(data).hexdigest() + "\n").encode())
+
+
+def read_derived(path: Path) -> bytes | None:
+    """The bytes of a derived file, or None when it is missing or differs from its recorded sha256.
+
+    None means: rebuild it from its archive (``write_derived``). A file without a recorded sha256
+    (written by an older llmedu) counts as missing.
+    """
+    checksum = _checksum_file(path)
+    if not path.is_file() or not checksum.is_file():
+        return None
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != checksum.read_text().strip():
+        return None
+    return data
+
+
+def derived_path(path: Path) -> Path | None:
+    """``path`` if it holds a derived file that matches its recorded sha256, else None.
+
+    For callers that hand the path to another library (``transformers`` reads the reference files
+    itself); a file is hashed once per process while its size and modification time stay the same.
+    """
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    if _trusted.get(path) == (stat.st_size, stat.st_mtime_ns):
+        return path
+    checksum = _checksum_file(path)
+    if not checksum.is_file() or sha256_of(path) != checksum.read_text().strip():
+        return None
+    _trusted[path] = (stat.st_size, stat.st_mtime_ns)
+    return path
