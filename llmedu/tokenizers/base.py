@@ -8,7 +8,7 @@ a word into pieces of it, but they answer to the same interface:
     ids = tok.encode("Hello world")                      # text -> ids
     tok.decode(ids)                                      # ids -> text
     tok.save("bpe.json"); BPETokenizer.load("bpe.json")  # our own readable JSON format
-    tok.save_hf("tokenizer.json")                        # the format `transformers` loads
+    tok.save_hf("my-tokenizer")                          # a folder AutoTokenizer.from_pretrained loads
 
 Special tokens (``<|endoftext|>``, ``[CLS]``...) are matched in the raw text before anything else
 happens, as Hugging Face's "added tokens" are, and always map to their own id.
@@ -28,6 +28,18 @@ from pathlib import Path
 __all__ = ["Tokenizer", "as_texts", "check_vocab_size", "split_on_special", "warn_if_short"]
 
 FORMAT_VERSION = 1
+
+# transformers' name for each role -> the special tokens that play it, by the conventions of BERT,
+# SentencePiece and GPT-2 (whose one special token ends every text and starts none).
+HF_ROLES = {
+    "unk_token": ("[UNK]", "<unk>"),
+    "pad_token": ("[PAD]", "<pad>"),
+    "cls_token": ("[CLS]",),
+    "sep_token": ("[SEP]",),
+    "mask_token": ("[MASK]", "<mask>"),
+    "bos_token": ("<s>",),
+    "eos_token": ("</s>", "<|endoftext|>"),
+}
 
 
 class Tokenizer:
@@ -99,9 +111,45 @@ class Tokenizer:
         parts.update(self._hf_pipeline())
         return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": self._hf_added_tokens(), **parts}
 
-    def save_hf(self, path: str | Path) -> None:
-        """Write a ``tokenizer.json`` that ``transformers.PreTrainedTokenizerFast`` loads."""
-        Path(path).write_text(json.dumps(self.hf_json(), ensure_ascii=False, indent=1), encoding="utf-8")
+    def hf_special_tokens(self) -> dict[str, str]:
+        """transformers' role -> our special token (``HF_ROLES``), for the roles this tokenizer has.
+
+        A tokenizer without a padding token (GPT-2's has only ``<|endoftext|>``) pads with its end
+        token, else its unknown token, as is usual for GPT-2 in ``transformers``: the attention mask
+        hides padded positions, so which id fills them does not matter, but ``transformers`` refuses to
+        pad without naming one.
+        """
+        roles = {}
+        for role, candidates in HF_ROLES.items():
+            token = next((t for t in candidates if t in self.special_tokens), None)
+            if token is not None:
+                roles[role] = token
+        if "pad_token" not in roles and ("eos_token" in roles or "unk_token" in roles):
+            roles["pad_token"] = roles.get("eos_token", roles.get("unk_token"))
+        return roles
+
+    def save_hf(self, folder: str | Path) -> Path:
+        """Write the folder that ``transformers.AutoTokenizer.from_pretrained(folder)`` loads.
+
+        ``tokenizer.json`` (the tokenizer itself), ``tokenizer_config.json`` and
+        ``special_tokens_map.json`` (which special token plays which role: padding, [CLS], [MASK]...).
+        A path ending in ``tokenizer.json`` means the folder that holds it. Returns the folder.
+        """
+        folder = Path(folder)
+        if folder.name == "tokenizer.json":
+            folder = folder.parent
+        if folder.exists() and not folder.is_dir():
+            raise NotADirectoryError(f"save_hf writes a folder of three files; {folder} is a file")
+        folder.mkdir(parents=True, exist_ok=True)
+        roles = self.hf_special_tokens()
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **roles}
+        for name, document in (
+            ("tokenizer.json", self.hf_json()),
+            ("tokenizer_config.json", config),
+            ("special_tokens_map.json", roles),
+        ):
+            (folder / name).write_text(json.dumps(document, ensure_ascii=False, indent=1), encoding="utf-8")
+        return folder
 
     def _hf_added_tokens(self, normalized: bool = False) -> list[dict]:
         return [

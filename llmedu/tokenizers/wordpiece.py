@@ -119,6 +119,21 @@ def likelihood_gain(state: PairCounts):
     return key
 
 
+# Hugging Face's WordPiece decoder tidies each decoded piece with these replacements (its ``cleanup``).
+_CLEANUP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" do not", " don't"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+
 class WordPieceTokenizer(Tokenizer):
     kind = "wordpiece"
     prefix = "##"
@@ -196,27 +211,23 @@ class WordPieceTokenizer(Tokenizer):
         return ids
 
     def decode(self, ids: list[int]) -> str:
-        """Glue ``##`` pieces to the piece before; spaces elsewhere (what was lower-cased stays so)."""
-        out = ""
+        """Glue ``##`` pieces to the piece before, a space before every other piece, then ``_CLEANUP``
+        on each piece (what was lower-cased stays so).
+
+        This is what Hugging Face's WordPiece decoder does: its clean-up runs on one piece at a time,
+        so it glues punctuation but cannot join "can ' t" back into "can't" (BERT's pre-tokenizer cut
+        it into three words; the text alone cannot say whether there were spaces around the ').
+        """
+        pieces = []
         for i in ids:
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"id {i} is not in the vocabulary (size {self.vocab_size})")
             token = self.tokens_by_id[i]
-            out += token[len(self.prefix) :] if token.startswith(self.prefix) else (" " if out else "") + token
-        for before, after in [
-            (" .", "."),
-            (" ?", "?"),
-            (" !", "!"),
-            (" ,", ","),
-            (" ' ", "'"),
-            (" n't", "n't"),
-            (" 'm", "'m"),
-            (" 's", "'s"),
-            (" 've", "'ve"),
-            (" 're", "'re"),
-        ]:
-            out = out.replace(before, after)  # the same clean-up as Hugging Face's WordPiece decoder
-        return out
+            piece = token[len(self.prefix) :] if token.startswith(self.prefix) else (" " if pieces else "") + token
+            for before, after in _CLEANUP:
+                piece = piece.replace(before, after)
+            pieces.append(piece)
+        return "".join(pieces)
 
     def id_to_token(self, i: int) -> str:
         return self.tokens_by_id[i]

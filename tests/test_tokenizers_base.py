@@ -1,0 +1,79 @@
+"""What every tokenizer shares: the export to ``transformers`` loads with its special tokens working.
+
+Each of the three algorithms is trained on a little Shakespeare, written with ``save_hf(folder)`` and
+loaded back with ``AutoTokenizer.from_pretrained(folder)``: the ids must be ours, padding a batch must
+work, and each special token must play its role ([CLS]/[SEP] around a sentence, [MASK] by name).
+"""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer, BertTokenizerFast
+
+from llmedu.checks.tokenizers import hard_strings, varied_text
+from llmedu.data import load_corpus, reference_files
+from llmedu.tokenizers import BPETokenizer, UnigramTokenizer, WordPieceTokenizer
+
+SAMPLES = ["a", "a b", "To be, or not to be: that is the question.", "I can't, he's gone; we'll see!"]
+
+
+@pytest.fixture(scope="module")
+def text():
+    return load_corpus("shakespeare")[:60_000]
+
+
+@pytest.fixture(scope="module", params=["bpe", "wordpiece", "unigram"])
+def exported(request, text, tmp_path_factory):
+    make = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer, "unigram": UnigramTokenizer}[request.param]
+    ours = make().train(text, 600)
+    folder = ours.save_hf(tmp_path_factory.mktemp(request.param) / "exported")
+    return request.param, ours, AutoTokenizer.from_pretrained(folder)
+
+
+def test_transformers_reads_our_ids_and_pads(exported):
+    kind, ours, theirs = exported
+    for s in SAMPLES:
+        assert theirs(s)["input_ids"] == ours.encode(s), (kind, s)
+    batch = theirs(SAMPLES[:2], padding=True)
+    lengths = [len(ours.encode(s)) for s in SAMPLES[:2]]
+    assert [sum(m) for m in batch["attention_mask"]] == lengths
+    assert len({len(ids) for ids in batch["input_ids"]}) == 1, "padding did not make the rows equal"
+    assert batch["input_ids"][0][lengths[0] :] == [theirs.pad_token_id] * (lengths[1] - lengths[0])
+
+
+def test_special_tokens_play_their_roles(exported):
+    kind, ours, theirs = exported
+    roles = ours.hf_special_tokens()
+    for role, token in roles.items():
+        assert getattr(theirs, role) == token, (kind, role)
+        assert getattr(theirs, role + "_id") == ours.special_tokens[token]
+    if kind == "wordpiece":
+        ids = theirs("a b")["input_ids"]
+        assert (ids[0], ids[-1]) == (ours.special_tokens["[CLS]"], ours.special_tokens["[SEP]"])
+        assert theirs.mask_token_id == ours.special_tokens["[MASK]"]
+        assert theirs("the [MASK] is")["input_ids"] == ours.encode("the [MASK] is")
+    if kind == "bpe":  # GPT-2 style: one end-of-text token, which also pads
+        assert theirs.pad_token == theirs.eos_token == "<|endoftext|>"
+
+
+def test_save_hf_takes_a_folder_or_its_tokenizer_json_and_refuses_a_file(text, tmp_path):
+    tok = UnigramTokenizer().train(text[:5_000], 200)
+    assert tok.save_hf(tmp_path / "a" / "tokenizer.json") == tmp_path / "a"
+    assert {p.name for p in (tmp_path / "a").iterdir()} == {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        tok.save_hf(tmp_path / "file")
+
+
+def test_wordpiece_decodes_as_transformers_does():
+    """Contractions included: BERT cut "can't" into can ' t, and transformers gives "can ' t" back."""
+    ours = WordPieceTokenizer.from_vocab(reference_files("bert-base-uncased")["vocab.txt"])
+    theirs = BertTokenizerFast.from_pretrained(reference_files("bert-base-uncased")["vocab.txt"].parent)
+    lines = [s for s in varied_text().split("\n")[::5] + hard_strings() + SAMPLES if s.strip()]
+    assert ours.decode(ours.encode("I can't go.")) == "[CLS] i can ' t go. [SEP]"
+    different = [s for s in lines if ours.decode(ours.encode(s)) != theirs.decode(theirs(s)["input_ids"])]
+    assert not different, f"{len(different)} of {len(lines)} lines decode differently, the first: {different[0]!r}"
