@@ -21,6 +21,7 @@ from llmedu.peft import (
     count_parameters,
     load_adapter,
     mark_trainable,
+    merge_and_unload,
     merge_lora,
     save_adapter,
     unmerge_lora,
@@ -121,6 +122,29 @@ def test_lora_merge_unmerge_round_trip(llama):
     assert (logits(model) - before).abs().max() < 1e-5
     with pytest.raises(RuntimeError, match="not merged"):
         unmerge_lora(model)
+
+
+def test_merge_and_unload_round_trips_through_save_pretrained(tiny_bert, tmp_path):
+    """BERT with LoRA on query and value, merged and unloaded, saves and loads in transformers as the
+    plain model it is, computing what the adapted model computed (float32 rounding of W0 + BA)."""
+    from transformers import BertForSequenceClassification
+
+    model = copy.deepcopy(tiny_bert)
+    apply_lora(model, ["query", "value"], r=4, alpha=8)
+    randomise_lora(model)
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    hidden = lambda m: m.bert(ids).last_hidden_state  # (B, T, d): the logits of a random head are tiny
+    adapted = hidden(model)
+    assert (adapted - hidden(tiny_bert)).abs().max() > 1e-2  # the update matters, so the test can fail
+    assert merge_and_unload(model) is model
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    assert model.state_dict().keys() == tiny_bert.state_dict().keys()
+    model.save_pretrained(tmp_path)
+    loaded, info = BertForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert (hidden(loaded.eval()) - adapted).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="no LoRA layer"):
+        merge_and_unload(model)
 
 
 # -- switching adapters off --------------------------------------------------------------------------------

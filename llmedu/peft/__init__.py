@@ -1,7 +1,7 @@
 """Parameter-efficient fine-tuning, one method per file, for our models and for ``transformers``'.
 
 inject          find modules by name, wrap them, freeze the rest, count, save/load only adapters
-lora            W0 x + (alpha / r) B A x on chosen linear layers; merge/unmerge (Hu et al. 2021)
+lora            W0 x + (alpha / r) B A x on chosen linear layers; merge/unmerge/merge_and_unload (Hu et al. 2021)
 adapters        bottleneck modules after attention and FFN projections (Houlsby et al. 2019)
 prompt          prompt tuning (Lester et al. 2021) and prefix tuning (Li & Liang 2021)
 llama_adapter   gated adaption prompts in the top layers (Zhang et al. 2023)
@@ -21,7 +21,7 @@ from .inject import (
     set_adapters_enabled,
 )
 from .llama_adapter import AdaptionPromptAttention, apply_llama_adapter
-from .lora import LoRALinear, apply_lora, merge_lora, unmerge_lora
+from .lora import LoRALinear, apply_lora, merge_and_unload, merge_lora, unmerge_lora
 from .prompt import PrefixTuning, PromptTuning
 from .serving import MultiLoRAModel
 
@@ -29,6 +29,7 @@ __all__ = [
     "apply_lora",
     "merge_lora",
     "unmerge_lora",
+    "merge_and_unload",
     "LoRALinear",
     "apply_adapters",
     "BottleneckAdapter",

@@ -8,6 +8,9 @@ adapted model computes exactly what the base model did until the first update. T
 ``(alpha / r) B A`` has the shape of W0, so after training it can be added into W0 (``merge``):
 the model is then a plain network again, with no extra matmul at inference. ``unmerge``
 subtracts it back out (up to rounding) to continue training or to switch adapters.
+``merge_and_unload`` merges and then puts the plain ``nn.Linear`` layers back, so the model's
+state-dict keys are the base model's again: what ``save_pretrained`` and ``from_pretrained`` of
+``transformers`` expect (``peft``'s function of the same name does the same).
 
 Trainable parameters per adapted layer: r * (d_in + d_out), against d_in * d_out for the layer.
 
@@ -26,7 +29,7 @@ from torch.nn import functional as F
 
 from .inject import ensure_not_applied, find_modules, freeze_base, replace_module
 
-__all__ = ["LoRALinear", "apply_lora", "merge_lora", "unmerge_lora"]
+__all__ = ["LoRALinear", "apply_lora", "merge_lora", "unmerge_lora", "merge_and_unload"]
 
 
 class LoRALinear(nn.Module):
@@ -122,3 +125,22 @@ def unmerge_lora(model: nn.Module) -> None:
     """Take every LoRA update back out of its base weight."""
     for layer in _lora_layers(model):
         layer.unmerge()
+
+
+@torch.no_grad()
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Merge every LoRA update and replace each ``LoRALinear`` by its base ``nn.Linear``; returns ``model``.
+
+    The result has no LoRA module and the base model's parameter names (``...query.weight``, not
+    ``...query.base.weight``), so it saves and loads as the plain model it now is. Parameters keep
+    the ``requires_grad`` they had (the base stays frozen), as with ``peft``.
+    """
+    names = [name for name, module in model.named_modules() if isinstance(module, LoRALinear)]
+    if not names:
+        raise ValueError("the model has no LoRA layer; call apply_lora first")
+    for name in names:
+        layer = model.get_submodule(name)
+        if not layer.merged:
+            layer.merge()
+        replace_module(model, name, layer.base)
+    return model
