@@ -1,12 +1,14 @@
 """Many processes, one model: the distributed arc of the course.
 
 launch          N real processes from a notebook cell (or torchrun), each rank's result back
+p2p             the one point-to-point primitive (send while receiving), and counting the bytes sent
 collectives     broadcast, reduce, gather, scatter, all-gather, reduce-scatter, ring all-reduce,
-                built from nothing but send and recv, with the bytes each rank sends counted
+                built from nothing but p2p's send and recv, and the ring's cost model
 data_parallel   naive data parallelism and DDP from scratch (buckets, overlap, no_sync)
 tensor_parallel Megatron-LM's column/row split: MLP, attention, vocab-parallel embedding and loss
 pipeline_parallel  stages, micro-batches, and the naive, GPipe and 1F1B schedules
 mesh            DP x TP x PP process groups from one world, and training with any layout
+zero_unit       one module's parameters as one flat buffer, padded, sharded across ranks, gathered
 zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
 offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
 """

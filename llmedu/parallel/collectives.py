@@ -14,10 +14,11 @@ In the alpha-beta model a message of ``b`` bytes takes ``alpha + b / beta`` seco
   tensor, independent of N, which is why it is bandwidth-optimal.
 
 Sizes need not divide: chunks are ``torch.tensor_split`` pieces (some one element larger, some
-possibly empty). ``with traffic() as t:`` counts the payload bytes and messages this rank sends,
-for comparison with the model. Before moving data, each collective checks (with a tiny ring
-exchange that is not counted) that every rank passed the same shape and dtype, so that a
-mistake raises the same clear error on every rank instead of hanging; ``check=False`` skips it.
+possibly empty). The messages go through ``p2p.py``, whose ``with traffic() as t:`` counts the
+payload bytes and messages this rank sends, for comparison with the model. Before moving data,
+each collective checks (with a tiny ring exchange that is not counted) that every rank passed the
+same shape and dtype, so that a mistake raises the same clear error on every rank instead of
+hanging; ``check=False`` skips it.
 
 Left out: process groups other than the whole world, pipelining chunks within a step (gloo's
 ``ring_chunked`` overlaps the additions with the transfers), and topology-aware algorithms
@@ -26,12 +27,12 @@ Left out: process groups other than the whole world, pipelining chunks within a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
+from .p2p import Traffic, _exchange, _recv, _send, traffic
 
 __all__ = [
     "tree_schedule",
@@ -55,29 +56,7 @@ _COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
-# -- counting what is sent ----------------------------------------------------------------------
-@dataclass
-class Traffic:
-    """Payload sent by this rank while the ``traffic()`` block ran."""
-
-    bytes_sent: int = 0
-    messages_sent: int = 0
-
-
-_active: list[Traffic] = []
-
-
-@contextmanager
-def traffic() -> Iterator[Traffic]:
-    """Count the bytes and messages this rank sends inside the block (shape checks excluded)."""
-    counter = Traffic()
-    _active.append(counter)
-    try:
-        yield counter
-    finally:
-        _active.remove(counter)
-
-
+# -- the cost model ------------------------------------------------------------------------------
 def ring_all_reduce_bytes(numel: int, world_size: int, element_size: int = 4) -> list[int]:
     """Bytes each rank sends in ``ring_all_reduce`` of ``numel`` elements: the cost model.
 
@@ -89,35 +68,6 @@ def ring_all_reduce_bytes(numel: int, world_size: int, element_size: int = 4) ->
     small, extra = divmod(numel, world_size)  # torch.tensor_split: the first `extra` chunks get one more
     sizes = [small + (r < extra) for r in range(world_size)]
     return [element_size * ((numel - sizes[r]) + (numel - sizes[(r + 1) % world_size])) for r in range(world_size)]
-
-
-# -- the two primitives ----------------------------------------------------------------------------
-def _exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int, count: bool = True) -> None:
-    """Send ``send`` to ``dst`` while receiving into ``recv`` from ``src``; wait for both.
-
-    Posting both before waiting is what lets a whole ring move at once: with a blocking send
-    first, every rank would wait for a neighbour that is itself waiting to send. Empty buffers
-    are skipped (both ends know the sizes, so both skip).
-    """
-    works = []
-    if recv is not None and recv.numel() > 0:
-        works.append(dist.irecv(recv, src))
-    if send is not None and send.numel() > 0:
-        if count:
-            for counter in _active:
-                counter.bytes_sent += send.numel() * send.element_size()
-                counter.messages_sent += 1
-        works.append(dist.isend(send, dst))
-    for work in works:
-        work.wait()
-
-
-def _send(tensor: torch.Tensor, dst: int) -> None:
-    _exchange(tensor, dst, None, -1)
-
-
-def _recv(buffer: torch.Tensor, src: int) -> None:
-    _exchange(None, -1, buffer, src)
 
 
 # -- rings on lists of chunks (views of one flat buffer) ------------------------------------------
@@ -283,20 +233,8 @@ def scatter(tensor: torch.Tensor, src: int = 0, *, check: bool = True) -> torch.
 
 
 # -- checks that fail on every rank at once ----------------------------------------------------------
-_DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-]
+_DTYPE_NAMES = "float32 float64 float16 bfloat16 int64 int32 int16 int8 uint8 bool complex64 complex128".split()
+_DTYPES = [getattr(torch, name) for name in _DTYPE_NAMES]  # a dtype travels as its index in this list
 _MAX_DIMS = 16
 
 
@@ -330,7 +268,7 @@ def _shapes_everywhere(tensor: torch.Tensor, what: str, dim0_may_differ: bool = 
 
 
 def _dtype_name(code: int) -> str:
-    return str(_DTYPES[code]).replace("torch.", "") if code < len(_DTYPES) else "another dtype"
+    return _DTYPE_NAMES[code] if code < len(_DTYPES) else "another dtype"
 
 
 def _combiner(op: str) -> Callable:

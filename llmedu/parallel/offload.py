@@ -12,8 +12,8 @@ One step: forward and backward on the device; each unit's gradient is reduce-sca
 and its shard copied to the host (§4.1, "g16 -> CPU"); the host runs AdamW on its shard; the
 updated shard is cast to bf16 and copied back, and an all-gather rebuilds the full parameters.
 
-The code is ``ZeRO(stage=2, host=...)``: the wrapper in ``zero.py`` already takes a place for the
-shards; this file names the configuration and says where every byte is (``placement()``). On a
+The code is ``ZeRO(stage=2, host=...)``: each ``ZeROUnit`` (``zero_unit.py``) already takes a place
+for its shard; this file names the configuration and says where every byte is (``placement()``). On a
 CUDA machine the host tensors are pinned CPU memory and the copies really cross PCIe. On a
 CPU-only machine "device" and "host" are the same RAM: the split is then a budget accounted from
 the tensors each side owns, which is what ``placement()`` reports, and what the lesson plots.

@@ -16,8 +16,9 @@ rank's *shard*, 1/N of every flat buffer, and removes the redundancy one kind of
 How the code is laid out. The model is cut into *units* (the modules you name, say each
 transformer block, plus the root for the parameters left over). The parameters of a unit are
 flattened into one buffer, padded with zeros to a multiple of N, so that any sizes work; rank r
-owns elements [r·S, (r+1)·S) of it, S = padded size / N. Each unit's shard is an fp32
-``nn.Parameter``: the *master* weights, what the inner optimizer (AdamW, say) steps. The module
+owns elements [r·S, (r+1)·S) of it, S = padded size / N (``ZeROUnit``, in ``zero_unit.py``). Each
+unit's shard is an fp32 ``nn.Parameter``: the *master* weights, what the inner optimizer (AdamW,
+say) steps. The module
 itself no longer has parameters: before each forward, a hook hands each of its submodules plain
 tensor views of the unit's full flat buffer, which is
 
@@ -45,11 +46,11 @@ peers are ``torch.distributed.optim.ZeroRedundancyOptimizer`` (stage 1) and FSDP
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from .zero_unit import ZeROUnit
 
 __all__ = ["ZeRO", "ELEMENTWISE_OPTIMIZERS"]
 
@@ -68,61 +69,11 @@ ELEMENTWISE_OPTIMIZERS = (
 )
 
 
-class _Unit:
-    """One flat buffer: the parameters of one module, padded to N·S, and this rank's shard."""
-
-    def __init__(self, module: nn.Module, entries, stage, compute_dtype, rank, world, group, device):
-        self.module, self.entries, self.stage = module, entries, stage  # entries: (owner, name, shape)
-        self.device = device  # where compute and collectives happen (the shard may live on the host)
-        self.dtype, self.rank, self.world, self.group = compute_dtype, rank, world, group
-        self.sizes = [math.prod(shape) for _, _, shape in entries]
-        self.numel = sum(self.sizes)
-        self.shard_size = -(-self.numel // world)  # S = ceil(Ψ_unit / N)
-        self.padding = self.shard_size * world - self.numel
-        self.gathered: torch.Tensor | None = None  # stage 3: the full flat buffer while it is needed
-        self.pending = None  # stage 3: (work, buffer) of an all-gather started ahead of time
-
-    def own(self, flat: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of a (N·S,) buffer."""
-        return flat[self.rank * self.shard_size : (self.rank + 1) * self.shard_size]
-
-    # -- stage 3: the full parameters exist only while they are used ---------------------------
-    def start_gather(self) -> None:
-        if self.gathered is None and self.pending is None:
-            flat = torch.empty(self.world * self.shard_size, dtype=self.dtype, device=self.device)
-            work = dist.all_gather_single(flat, self.shard.detach().to(self.dtype), group=self.group, async_op=True)
-            self.pending = (work, flat)
-
-    def full(self) -> torch.Tensor:
-        """(N·S,) full parameters in the compute dtype, gathered once and kept until released."""
-        if self.gathered is None:
-            self.start_gather()
-            work, self.gathered = self.pending
-            work.wait()
-            self.pending = None
-        return self.gathered
-
-    def release(self) -> None:
-        if self.pending is not None:  # a prefetch nobody used: finish it before dropping it
-            self.pending[0].wait()
-            self.pending = None
-        self.gathered = None
-
-    def reduce_scatter(self, grad_flat: torch.Tensor) -> torch.Tensor:
-        """(N·S,) gradient of this rank's micro-batch -> (S,) fp32 average over ranks of its shard.
-
-        The result goes where the shard lives: to the host when the optimizer is offloaded.
-        """
-        shard = torch.empty(self.shard_size, dtype=torch.float32, device=grad_flat.device)
-        dist.reduce_scatter_single(shard, grad_flat.float().contiguous(), group=self.group)
-        return shard.div_(self.world).to(self.shard.device)
-
-
 class _ShardedUnit(torch.autograd.Function):
     """Forward: the unit's full flat parameters. Backward: reduce-scatter their gradient to the shard."""
 
     @staticmethod
-    def forward(ctx, shard: torch.Tensor, unit: _Unit) -> torch.Tensor:
+    def forward(ctx, shard: torch.Tensor, unit: ZeROUnit) -> torch.Tensor:
         ctx.unit = unit
         if unit.stage == 3:
             return unit.full()  # (N·S,) all-gathered from every rank's shard
@@ -182,27 +133,25 @@ class ZeRO(nn.Module):
         if host is not None and stage != 2:
             raise ValueError(f"the optimizer can be offloaded with stage 2 only (ZeRO-Offload), got stage {stage}")
         self.host = None if host is None else torch.device(host)  # master shards + optimizer live here
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        self._taken: set[int] = set()
+        self._taken: set[int] = set()  # id() of every parameter a unit has taken
         if units is None:
             units = [c for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
-        self.units = [self._make_unit(m, rank, world) for m in [*units, module]]  # the root last
+        self.units = [self._make_unit(m) for m in [*units, module]]  # the root last
         self.units = [u for u in self.units if u.numel > 0]
         if not self.units:
             raise ValueError("the module has no parameters that require gradients")
         self.shards = nn.ParameterList(u.shard for u in self.units)  # (S,) fp32 master weights of this rank
-        if stage < 3:
-            self.fulls = nn.ParameterList(u.flat for u in self.units)  # (N·S,) full copies, compute dtype
+        # (N·S,) full copies in the compute dtype, stages 1 and 2 only
+        self.fulls = nn.ParameterList(u.flat for u in self.units) if stage < 3 else None
         self.optimizer = optimizer_class(list(self.shards), **optimizer_kwargs)
         self._hooks = []
         for unit in self.units:
             self._hooks.append(unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u)))
             if stage == 3:
                 self._hooks.append(unit.module.register_forward_hook(lambda m, a, o, u=unit: self._after_forward(u)))
-        self._record_versions()
 
-    def _make_unit(self, module: nn.Module, rank: int, world: int) -> _Unit:
-        """Take the parameters of ``module`` (not yet taken) out of it into one flat buffer."""
+    def _make_unit(self, module: nn.Module) -> ZeROUnit:
+        """Take the parameters of ``module`` (not yet taken) out of it: they become one unit's flat buffer."""
         entries, tensors = [], []
         for owner in module.modules():  # (parameters taken by an earlier unit are gone from the modules)
             for name, p in list(owner._parameters.items()):
@@ -217,31 +166,19 @@ class ZeRO(nn.Module):
                 tensors.append(p)
                 del owner._parameters[name]  # the wrapper owns it now; the hook sets a view before forward
                 setattr(owner, name, None)
-        device = tensors[0].device if tensors else torch.device("cpu")
-        unit = _Unit(module, entries, self.stage, self.dtype, rank, world, self.group, device)
-        pad = torch.zeros(unit.padding, device=device)
-        flat32 = torch.cat([t.detach().reshape(-1).float() for t in tensors] + [pad])  # (N·S,)
-        if self.stage < 3:  # a persistent full copy in the compute dtype
-            unit.flat = nn.Parameter(flat32.to(self.dtype), requires_grad=self.stage == 1)
-        if self.host is not None:  # ZeRO-Offload: the fp32 master shard in (pinned) host memory
-            shard = unit.own(flat32).to(self.host)
-            unit.shard = nn.Parameter(shard.pin_memory() if device.type == "cuda" else shard.clone())
-        elif self.stage < 3 and self.dtype == torch.float32:
-            unit.shard = nn.Parameter(unit.own(unit.flat.data))  # fp32: the master shard *is* a slice of it
-        else:
-            unit.shard = nn.Parameter(unit.own(flat32).clone())
-        unit.shard.grad = torch.zeros_like(unit.shard) if self.stage >= 2 else None
-        return unit
+        return ZeROUnit(
+            module, entries, tensors, stage=self.stage, compute_dtype=self.dtype, group=self.group, host=self.host
+        )
 
     # -- forward: hand each submodule views of its unit's full buffer ---------------------------
-    def _before_forward(self, unit: _Unit) -> None:
+    def _before_forward(self, unit: ZeROUnit) -> None:
         for owner, name, _ in unit.entries:
             if name in owner._parameters:
                 raise RuntimeError(
                     f"{type(owner).__name__}.{name} was replaced by a new parameter outside ZeRO: the wrapper owns "
                     "the parameters; change them through it (or wrap the model again)"
                 )
-        if self._versions_now(unit) != unit.version:
+        if unit.versions_now() != unit.version:
             raise RuntimeError(
                 "parameters were changed in place outside ZeRO (not by its step()): every rank's shard would "
                 "disagree with the full copy; change them before wrapping, or through zero.shards"
@@ -256,22 +193,19 @@ class ZeRO(nn.Module):
             nxt = self.units.index(unit) + 1
             if nxt < len(self.units) - 1:  # (the root, last, is gathered first anyway)
                 self.units[nxt].start_gather()
-        for (owner, name, shape), view in zip(unit.entries, flat.split(unit.sizes + [unit.padding])):
-            setattr(owner, name, view.view(shape))
+        for owner, name, view in unit.views(flat):
+            setattr(owner, name, view)
         if self.stage == 3 and torch.is_grad_enabled():
-            unit.saved_hooks = torch.autograd.graph.saved_tensors_hooks(*self._pack_unpack(unit))
-            unit.saved_hooks.__enter__()
+            unit.hook_saved_tensors(*self._pack_unpack(unit))
 
-    def _after_forward(self, unit: _Unit) -> None:
+    def _after_forward(self, unit: ZeROUnit) -> None:
         """Stage 3: drop the full parameters; backward regathers what autograd saved of them."""
-        if getattr(unit, "saved_hooks", None) is not None:
-            unit.saved_hooks.__exit__(None, None, None)
-            unit.saved_hooks = None
+        unit.unhook_saved_tensors()
         for owner, name, _ in unit.entries:
             setattr(owner, name, None)
         unit.release()
 
-    def _pack_unpack(self, unit: _Unit):
+    def _pack_unpack(self, unit: ZeROUnit):
         ptr = unit.gathered.untyped_storage().data_ptr()
         index = self.units.index(unit)
 
@@ -300,7 +234,7 @@ class ZeRO(nn.Module):
         Returns the global gradient norm (before clipping).
         """
         for unit in self.units:
-            if self._versions_now(unit) != unit.version:
+            if unit.versions_now() != unit.version:
                 raise RuntimeError("parameters were changed in place outside ZeRO since its last step")
             if self.stage == 1:
                 if unit.flat.grad is None:
@@ -322,7 +256,8 @@ class ZeRO(nn.Module):
             for unit in self.units:  # everyone sends its updated shard and receives the others
                 shard = unit.shard.detach().to(unit.device, self.dtype)  # (from the host, if offloaded)
                 dist.all_gather_single(unit.flat.data, shard, group=self.group)
-        self._record_versions()
+        for unit in self.units:
+            unit.record_versions()  # these changes were ours
         return norm.item()
 
     def zero_grad(self) -> None:
@@ -331,13 +266,6 @@ class ZeRO(nn.Module):
                 unit.flat.grad, unit.shard.grad = None, None
             else:
                 unit.shard.grad.zero_()  # a persistent (S,) buffer: accumulation adds into it
-
-    def _versions_now(self, unit: _Unit) -> tuple[int, ...]:
-        return (unit.shard._version,) + ((unit.flat._version,) if self.stage < 3 else ())
-
-    def _record_versions(self) -> None:
-        for unit in self.units:
-            unit.version = self._versions_now(unit)
 
     # -- for checks and checkpoints ---------------------------------------------------------------
     @torch.no_grad()
@@ -348,7 +276,7 @@ class ZeRO(nn.Module):
         for unit in self.units:
             flat = torch.empty(unit.world * unit.shard_size, dtype=torch.float32, device=unit.device)
             dist.all_gather_single(flat, unit.shard.detach().to(unit.device, torch.float32), group=self.group)
-            for (owner, name, shape), piece in zip(unit.entries, flat.split(unit.sizes + [unit.padding])):
+            for owner, name, view in unit.views(flat):
                 prefix = names[id(owner)]
-                out[f"{prefix}.{name}" if prefix else name] = piece.view(shape).clone()
+                out[f"{prefix}.{name}" if prefix else name] = view.clone()
         return out

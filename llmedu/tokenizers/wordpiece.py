@@ -134,6 +134,7 @@ _CLEANUP = (
     (" 're", "'re"),
 )
 
+
 class WordPieceTokenizer(Tokenizer):
     kind = "wordpiece"
     prefix = "##"

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import count, islice
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,15 @@ def _micro_batches(batches, start: int):
     return iterator
 
 
+@dataclass
+class _Progress:
+    """How far a run has got: what a checkpoint holds besides the model and the optimizer."""
+
+    step: int = 0  # optimizer steps done
+    position: int = 0  # micro-batches read
+    seconds: float = 0.0  # wall-clock time spent training, across resumes
+
+
 def train(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -168,104 +177,122 @@ def train(
     c = config
     policy = c.precision if isinstance(c.precision, Precision) else Precision(c.precision)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    device_type = params[0].device.type
+    device = params[0].device
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])  # the base rate the schedule multiplies
-
-    step, position, elapsed = 0, 0, 0.0
-    if resume:
-        if resume is True:
-            if c.checkpoint_dir is None or ckpt.latest(c.checkpoint_dir) is None:
-                raise FileNotFoundError(f"resume=True but there is no checkpoint in {c.checkpoint_dir!r}")
-            resume = ckpt.latest(c.checkpoint_dir)
-        state = ckpt.load(resume, model, optimizer)
-        step, position, elapsed = state["step"], state["position"], state["seconds"]
-        if policy.scaler is not None and state.get("scaler"):
-            policy.scaler.load_state_dict(state["scaler"])
-    elif c.checkpoint_dir is not None and ckpt.latest(c.checkpoint_dir) is not None:
-        raise FileExistsError(
-            f"{c.checkpoint_dir} already holds checkpoints: pass resume=True, or use an empty directory"
-        )
-
-    def save() -> None:
-        scaler = policy.scaler.state_dict() if policy.scaler else None
-        ckpt.save(
-            c.checkpoint_dir,
-            model,
-            optimizer,
-            {"step": step, "position": position, "seconds": elapsed, "scaler": scaler},
-        )
-
-    data = _micro_batches(batches, position)
+    progress = _start_or_resume(c.checkpoint_dir, resume, model, optimizer, policy)
+    saved_at = progress.step if resume else None  # the step of the latest checkpoint
+    data = _micro_batches(batches, progress.position)
     history = History()
-    saved_at = step if resume else None
-    bar = tqdm(total=c.max_steps, initial=step, disable=not c.progress, desc="train", unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=c.max_steps, initial=progress.step, disable=not c.progress, desc="train", unit="step", dynamic_ncols=True
+    )
     model.train()
-    while True:
-        if c.max_steps is not None and step >= c.max_steps:
-            history.stop_reason = "steps"
-            break
-        if c.max_seconds is not None and elapsed >= c.max_seconds:
-            history.stop_reason = "seconds"
-            break
+    while not (stop := _budget_spent(c, progress)):
         start = time.perf_counter()
-        scale = policy.scaler.scale_value if policy.scaler else None
-        k = _check_accumulation(c.accumulation(step) if callable(c.accumulation) else c.accumulation)
-        loss_sum, tokens, used = 0.0, 0, 0
-        for batch in islice(data, k):  # gradients of the micro-batches add up in .grad
-            with policy.autocast(device_type):
-                loss = loss_fn(model, batch) / k
-            (policy.scaler.scale(loss) if policy.scaler else loss).backward()
-            loss_sum += loss.item()
-            tokens += count_tokens(batch)
-            used += 1
-        position += used
+        scale = policy.scaler.scale_value if policy.scaler else None  # the loss scale of this step's backward
+        k = _check_accumulation(c.accumulation(progress.step) if callable(c.accumulation) else c.accumulation)
+        loss, tokens, used = _accumulate(model, loss_fn, islice(data, k), k, policy, device.type, count_tokens)
+        progress.position += used
         if used < k:  # the data ended inside a step: drop its partial gradients
             optimizer.zero_grad(set_to_none=True)
-            history.stop_reason = "data"
+            stop = "data"
             break
-
-        if policy.scaler:
-            policy.scaler.unscale_(optimizer)  # the true gradients, before measuring or clipping
-        if c.clip_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, c.clip_grad_norm)  # returns the norm before
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        if c.schedule is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * c.schedule(step)
-        if policy.scaler:
-            stepped = policy.scaler.step(optimizer)  # False: a gradient overflowed, step skipped
-            policy.scaler.update()
-        else:
-            optimizer.step()
-            stepped = True
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-
-        synchronize(params[0].device)  # GPU kernels run asynchronously: wait before reading the clock
+        grad_norm, stepped = _apply_gradients(optimizer, params, policy, c, progress.step)
+        progress.step += 1
+        synchronize(device)  # GPU kernels run asynchronously: wait before reading the clock
         seconds = time.perf_counter() - start
-        elapsed += seconds
+        progress.seconds += seconds
+        lr = optimizer.param_groups[0]["lr"]
         info = StepInfo(
-            step,
-            loss_sum,
-            optimizer.param_groups[0]["lr"],
-            float(grad_norm),
-            tokens,
-            seconds,
-            elapsed,
-            scale,
-            not stepped,
+            progress.step, loss, lr, float(grad_norm), tokens, seconds, progress.seconds, scale, not stepped
         )
-        history.steps.append(info)
-        for callback in callbacks:
-            callback(info)
-        bar.update(1)
-        bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
-        if c.checkpoint_every and step % c.checkpoint_every == 0:
-            save()
-            saved_at = step
+        _report(info, history, callbacks, bar)
+        if c.checkpoint_every and progress.step % c.checkpoint_every == 0:
+            _save(c.checkpoint_dir, model, optimizer, policy, progress)
+            saved_at = progress.step
     bar.close()
-    if c.checkpoint_dir is not None and saved_at != step:
-        save()  # the final state
+    history.stop_reason = stop
+    if c.checkpoint_dir is not None and saved_at != progress.step:
+        _save(c.checkpoint_dir, model, optimizer, policy, progress)  # the final state
     return history
+
+
+# -- the steps of train() ---------------------------------------------------------------------------
+def _start_or_resume(directory, resume, model, optimizer, policy: Precision) -> _Progress:
+    """A fresh start, or the progress (and model, optimizer, loss scaler, RNG) of a checkpoint."""
+    if not resume:
+        if directory is not None and ckpt.latest(directory) is not None:
+            raise FileExistsError(f"{directory} already holds checkpoints: pass resume=True, or use an empty directory")
+        return _Progress()
+    if resume is True:
+        if directory is None or ckpt.latest(directory) is None:
+            raise FileNotFoundError(f"resume=True but there is no checkpoint in {directory!r}")
+        resume = ckpt.latest(directory)
+    state = ckpt.load(resume, model, optimizer)
+    if policy.scaler is not None and state.get("scaler"):
+        policy.scaler.load_state_dict(state["scaler"])
+    return _Progress(state["step"], state["position"], state["seconds"])
+
+
+def _budget_spent(config: TrainConfig, progress: _Progress) -> str:
+    """Why training must stop now: 'steps' or 'seconds'; '' while there is budget left."""
+    if config.max_steps is not None and progress.step >= config.max_steps:
+        return "steps"
+    if config.max_seconds is not None and progress.seconds >= config.max_seconds:
+        return "seconds"
+    return ""
+
+
+def _accumulate(model, loss_fn, micro_batches, k: int, policy: Precision, device_type: str, count_tokens):
+    """Forward and backward over (up to) k micro-batches; their gradients add up in ``.grad``.
+
+    Returns the mean loss, the tokens and the number of micro-batches used (fewer than k: the data ended).
+    """
+    loss_sum, tokens, used = 0.0, 0, 0
+    for batch in micro_batches:
+        with policy.autocast(device_type):
+            loss = loss_fn(model, batch) / k
+        (policy.scaler.scale(loss) if policy.scaler else loss).backward()
+        loss_sum += loss.item()
+        tokens += count_tokens(batch)
+        used += 1
+    return loss_sum, tokens, used
+
+
+def _apply_gradients(optimizer, params, policy: Precision, config: TrainConfig, step: int) -> tuple[torch.Tensor, bool]:
+    """Unscale, measure and clip the gradients, set the learning rate, step, clear the gradients.
+
+    Returns the gradient norm before clipping, and whether the step was taken (fp16: not if a gradient overflowed).
+    """
+    if policy.scaler:
+        policy.scaler.unscale_(optimizer)  # the true gradients, before measuring or clipping
+    if config.clip_grad_norm is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.clip_grad_norm)  # returns the norm before
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if config.schedule is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * config.schedule(step)
+    if policy.scaler:
+        stepped = policy.scaler.step(optimizer)  # False: a gradient overflowed, step skipped
+        policy.scaler.update()
+    else:
+        optimizer.step()
+        stepped = True
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, stepped
+
+
+def _report(info: StepInfo, history: History, callbacks, bar: tqdm) -> None:
+    """Record the step, hand it to every callback, move the progress bar."""
+    history.steps.append(info)
+    for callback in callbacks:
+        callback(info)
+    bar.update(1)
+    bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
+
+
+def _save(directory, model, optimizer, policy: Precision, progress: _Progress) -> None:
+    scaler = policy.scaler.state_dict() if policy.scaler else None
+    ckpt.save(directory, model, optimizer, {**asdict(progress), "scaler": scaler})  # step, position, seconds
