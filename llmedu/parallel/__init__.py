@@ -11,6 +11,9 @@ mesh            DP x TP x PP process groups from one world, and training with an
 zero_unit       one module's parameters as one flat buffer, padded, sharded across ranks, gathered
 zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
 offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
+events          spans of compute and communication on each rank, for the timelines
+example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
+                script under our launcher and under torchrun
 """
 
 from .collectives import (
