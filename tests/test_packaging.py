@@ -103,10 +103,26 @@ def test_lab_set_up_provides_every_import_of_the_lessons():
     distributions = metadata.packages_distributions()
     missing = []
     for module, where in sorted(_lesson_and_library_imports().items()):
-        if module in sys.stdlib_module_names or module in ("llmedu", "__future__"):
+        # pip: the data set-up step reads pip's own default index; every environment that ran the
+        # README's `pip install` has it
+        if module in sys.stdlib_module_names or module in ("llmedu", "__future__", "pip"):
             continue
         dists = {_requirement_name(d) for d in distributions.get(module, [])}
         assert dists, f"{where} imports {module!r}, which no installed distribution provides"
         if not dists & provided:
             missing.append(f"{module} (from {where}; distribution {', '.join(sorted(dists))})")
     assert not missing, "the lab extra does not install what these lessons import: " + "; ".join(missing)
+
+
+def test_runs_from_the_folder_above_a_checkout(tmp_path):
+    """A checkout is a folder named llmedu/ with a data/ folder in it. Run from the folder above, Python
+    must still import the installed llmedu, not that folder as a namespace package (whose data/ would
+    hide llmedu.data): the editable install puts the checkout on sys.path instead of an import hook."""
+    import subprocess
+
+    (tmp_path / "llmedu" / "data").mkdir(parents=True)
+    (tmp_path / "llmedu" / "data" / "README.md").write_text("a checkout's data folder\n")
+    code = "import llmedu, llmedu.data.classification; print(llmedu.__file__)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith(str(Path("llmedu", "__init__.py")))
