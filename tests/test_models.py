@@ -12,6 +12,9 @@ from llmedu.models import CausalLM, MaskedLM, SequenceClassifier, Transformer, T
 from llmedu.models.bert import mlm_loss
 from llmedu.models.counting import count_parameters, flops_per_token, matmul_parameters, mfu
 from llmedu.models.gpt import lm_loss
+from llmedu.models.transformer import make_block
+from llmedu.nn.blocks import ParallelBlock, SerialBlock
+from llmedu.nn.norms import deepnorm_constants
 
 TOL = dict(atol=1e-5, rtol=0)
 VARIANTS = {
@@ -126,6 +129,18 @@ def test_bad_configs_fail_at_construction():
         TransformerConfig(block="parallel", norm_placement="post")
     with pytest.raises(ValueError, match="even head dimension"):
         TransformerConfig(d_model=12, n_heads=4, position="rope")
+
+
+def test_deepnorm_alpha_reaches_deepnorm_blocks_only():
+    for name, cfg in VARIANTS.items():
+        expected = deepnorm_constants(cfg.n_layers)[0] if cfg.norm_placement == "deepnorm" else 1.0
+        assert make_block(cfg).alpha == expected, name
+    alpha = deepnorm_constants(12)[0]  # what make_block used to pass to every block
+    with pytest.raises(ValueError, match="deepnorm_alpha=.* a ParallelBlock with placement='pre' would ignore it"):
+        ParallelBlock(d_model=32, n_heads=4, d_ff=64, deepnorm_alpha=alpha)
+    with pytest.raises(ValueError, match="deepnorm_alpha=.* a SerialBlock with placement='post' would ignore it"):
+        SerialBlock(d_model=32, n_heads=4, d_ff=64, placement="post", deepnorm_alpha=alpha)
+    assert SerialBlock(d_model=32, n_heads=4, d_ff=64, placement="deepnorm", deepnorm_alpha=alpha).alpha == alpha
 
 
 def test_bad_inputs_fail_at_call():

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from llmedu.nn.attention import (
     ATTENTION_FUNCTIONS,
     Attention,
-    KVCache,
     causal_mask,
     get_attention,
     kv_cache_bytes,
@@ -19,6 +18,7 @@ from llmedu.nn.attention import (
     register_attention,
     set_attention,
 )
+from llmedu.nn.kv_cache import KVCache
 
 TOL = dict(atol=1e-5, rtol=0)
 

@@ -162,6 +162,16 @@ def test_every_stage_runs_each_micro_batch_forward_then_backward_once(name):
                 assert all(actions.index(("F", i)) < actions.index(("B", i)) for i in range(m))
 
 
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "scaled_sinusoidal", "alibi", "rope"])
+def test_one_stage_is_the_whole_model(position):
+    """The stage runs the model's own embedding, attention inputs and final norm: the same logits, exactly."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_seq_len=SEQ, position=position)
+    model = CausalLM(cfg).eval()
+    ids = _data()
+    torch.testing.assert_close(PipelineStage(model, 0, 1)(ids), model(ids), atol=0, rtol=0)
+
+
 def test_partition_balances_costs_and_refuses_bad_cuts():
     assert partition([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
     assert partition([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]

@@ -16,8 +16,8 @@ Sharing: ``fork(parent, child)`` gives the child the parent's table and one more
 block, so n samples of one prompt store the prompt once. Copy-on-write: before a sequence appends
 to a last block that others share, it gets a private copy of that block (sec. 4.4, Fig. 8).
 
-``PagedBatch`` lets an unmodified model decode with this cache: it has the two members the model's
-attention asks of a cache, ``length`` and ``update(layer, k, v)``.
+``PagedBatch`` lets an unmodified model decode with this cache: it has the members the model asks of
+a cache (``llmedu.nn.kv_cache.KVCacheLike``): ``length``, ``first_position`` and ``update(layer, k, v)``.
 
 Left out: the CUDA kernel, swapping blocks to CPU memory, and prefix caching across requests.
 """
@@ -222,7 +222,8 @@ class PagedBatch:
     """A batch of sequences of one length, seen by a model as its KV cache for one forward pass.
 
     ``PagedBatch(cache, seqs, n_new)`` reserves room for ``n_new`` tokens of each sequence; the
-    model then calls ``update(layer, k, v)`` once per layer with the new keys and values.
+    model then calls ``update(layer, k, v)`` once per layer with the new keys and values. It
+    implements ``llmedu.nn.kv_cache.KVCacheLike``.
     """
 
     def __init__(self, cache: PagedKVCache, seqs: list[int], n_new: int):
@@ -241,6 +242,11 @@ class PagedBatch:
         for s in self.seqs:
             cache.reserve(s, n_new)
         self.tables = cache.block_tables(self.seqs)  # (B, n_blocks), after any copy-on-write
+
+    @property
+    def first_position(self) -> int:
+        """The new tokens follow the cached ones: their first position is ``length``."""
+        return self.length
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, H_kv, n_new, D); return every key and value so far, (B, H_kv, length + n_new, D)."""

@@ -6,11 +6,18 @@ Everything that varies is read from ``TransformerConfig``:
                -> blocks: attention (with RoPE, or ALiBi / T5 bias in the mask) + FFN  (B, T, d)
                -> final norm (pre-LN and sandwich stacks)                              (B, T, d)
 
-It returns hidden states; the heads in ``gpt.py`` and ``bert.py`` turn them into logits. With a
-``KVCache`` it processes only the new tokens and reads the past from the cache, which is how
-``generate`` decodes. Initialisation follows GPT-2: N(0, 0.02), with the projections that write into
-the residual stream scaled by 1/sqrt(2 * n_layers) (Radford et al. 2019, sec. 2.3); DeepNorm stacks
-use DeepNet's initialisation instead.
+It returns hidden states; the heads in ``gpt.py`` and ``bert.py`` turn them into logits. ``forward``
+is these steps, one method each around the loop over the blocks: ``embed``, ``attention_inputs`` (the
+mask and the RoPE tables that every block reads) and ``apply_final_norm``. Pipeline stages
+(``llmedu.parallel.pipeline_parallel``) call the same methods, so a new position encoding, once
+written in ``nn/positions.py``, is wired in here only.
+
+With a KV cache (any ``llmedu.nn.kv_cache.KVCacheLike``) it processes only the new tokens and reads
+the past from the cache, which is how ``generate`` decodes.
+
+Initialisation follows GPT-2: N(0, 0.02), with the projections that write into the residual stream
+scaled by 1/sqrt(2 * n_layers) (Radford et al. 2019, sec. 2.3); DeepNorm stacks use DeepNet's
+initialisation instead.
 
 Left out: encoder-decoder models, and the position handling of left-padded batches during decoding.
 """
@@ -22,8 +29,9 @@ import math
 import torch
 from torch import nn
 
-from ..nn.attention import KVCache, padding_bias
+from ..nn.attention import padding_bias
 from ..nn.blocks import ParallelBlock, SerialBlock
+from ..nn.kv_cache import KVCache, KVCacheLike
 from ..nn.norms import deepnorm_constants, deepnorm_init_, make_norm
 from ..nn.positions import (
     ALiBi,
@@ -39,7 +47,9 @@ __all__ = ["Transformer", "make_block"]
 
 
 def make_block(config: TransformerConfig) -> nn.Module:
+    """One block of the stack ``config`` describes (DeepNorm's alpha only where the norms are DeepNorm's)."""
     block = ParallelBlock if config.block == "parallel" else SerialBlock
+    deepnorm = config.norm_placement == "deepnorm"
     return block(
         d_model=config.d_model,
         n_heads=config.n_heads,
@@ -52,7 +62,7 @@ def make_block(config: TransformerConfig) -> nn.Module:
         bias=config.bias,
         attn_impl=config.attn_impl,
         dropout=config.dropout,
-        deepnorm_alpha=deepnorm_constants(config.n_layers)[0],
+        deepnorm_alpha=deepnorm_constants(config.n_layers)[0] if deepnorm else 1.0,
         fused=config.fused,
     )
 
@@ -111,18 +121,17 @@ class Transformer(nn.Module):
         """The token embedding table (the name ``transformers`` uses, so PEFT code finds it)."""
         return self.tok_embed
 
-    def forward(
+    def embed(
         self,
         input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        cache: KVCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        first_position: int = 0,
     ) -> torch.Tensor:
-        """``attention_mask`` (B, T_past + T): 1 for tokens, 0 for padding. Returns (B, T, d).
+        """Token ids (B, T), or their embeddings (B, T, d), -> the first block's input (B, T, d).
 
-        ``inputs_embeds`` (B, T, d) replaces ``input_ids`` when the token embeddings are made
-        elsewhere (prompt tuning prepends trainable ones); positions are added as usual.
+        Adds the segment embeddings and the absolute positions ``first_position .. first_position + T - 1``
+        (where the config has them), then the embedding norm and dropout.
         """
         c = self.config
         if (input_ids is None) == (inputs_embeds is None):
@@ -138,26 +147,35 @@ class Transformer(nn.Module):
                 raise ValueError(f"inputs_embeds must be (batch, seq, {c.d_model}), got {tuple(inputs_embeds.shape)}")
             x = inputs_embeds
         B, T = x.shape[:2]
-        past = cache.length if cache is not None else 0
-        # the new tokens' positions follow what the cache holds, unless the cache says otherwise (a
-        # learned prefix need not count as text: llmedu.peft.PrefixTuning(shift_positions=False))
-        first = getattr(cache, "first_position", past)
-        positions = torch.arange(first, first + T, device=x.device)  # (T,)
-
         if self.type_embed is not None:
             types = (
                 token_type_ids if token_type_ids is not None else torch.zeros(B, T, dtype=torch.long, device=x.device)
             )
             x = x + self.type_embed(types)
         if self.pos_embed is not None:
+            positions = torch.arange(first_position, first_position + T, device=x.device)  # (T,)
             x = x + self.pos_embed(positions)  # (T, d) broadcast over the batch
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        x = self.drop(x)
+        return self.drop(x)
 
-        mask = None  # additive, broadcastable to (B, H, T, T_past + T)
+    def attention_inputs(
+        self, x: torch.Tensor, first_position: int = 0, past: int = 0, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
+        """What every block's attention needs besides its input x (B, T, d): ``(attn_mask, rope)``.
+
+        x gives only the batch, length, device and dtype. The new tokens sit at positions
+        ``first_position .. first_position + T - 1`` and follow ``past`` cached ones. ``attn_mask`` is
+        additive, broadcastable to (B, H, T, past + T): the relative or ALiBi bias and the padding of
+        ``attention_mask`` (B, past + T), or None. ``rope`` is the rotary (cos, sin) tables, each
+        (T, D), or None.
+        """
+        c = self.config
+        B, T = x.shape[:2]
+        positions = torch.arange(first_position, first_position + T, device=x.device)  # (T,)
+        mask = None
         if self.pos_bias is not None:
-            keys = torch.arange(first - past, first + T, device=x.device)  # (Tk,): the cached ones, then the new
+            keys = torch.arange(first_position - past, first_position + T, device=x.device)  # (Tk,): cached, then new
             mask = self.pos_bias(positions, keys).to(x.dtype)  # (1, H, T, Tk)
         if attention_mask is not None:
             if attention_mask.shape != (B, past + T):
@@ -168,7 +186,31 @@ class Transformer(nn.Module):
             pad = padding_bias(attention_mask, x.dtype)  # (B, 1, 1, Tk)
             mask = pad if mask is None else mask.masked_fill(pad < 0, torch.finfo(x.dtype).min)
         rope = rope_cos_sin(positions, c.head_dim, c.rope_base) if c.position == "rope" else None
+        return mask, rope
 
-        for i, block in enumerate(self.blocks):
-            x = block(x, causal=c.causal, attn_mask=mask, rope=rope, cache=cache, layer=i)  # (B, T, d)
+    def apply_final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, d) -> (B, T, d): the final norm of pre-LN and sandwich stacks; post-LN stacks end normalised."""
         return self.final_norm(x) if self.final_norm is not None else x
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        cache: KVCacheLike | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``attention_mask`` (B, T_past + T): 1 for tokens, 0 for padding. Returns (B, T, d).
+
+        ``inputs_embeds`` (B, T, d) replaces ``input_ids`` when the token embeddings are made
+        elsewhere (prompt tuning prepends trainable ones); positions are added as usual.
+        """
+        past = cache.length if cache is not None else 0
+        # the new tokens' positions follow what the cache holds, unless the cache says otherwise (a
+        # learned prefix need not count as text: llmedu.peft.PrefixTuning(shift_positions=False))
+        first = cache.first_position if cache is not None else 0
+        x = self.embed(input_ids, token_type_ids, inputs_embeds, first)  # (B, T, d)
+        mask, rope = self.attention_inputs(x, first, past, attention_mask)
+        for i, block in enumerate(self.blocks):
+            x = block(x, causal=self.config.causal, attn_mask=mask, rope=rope, cache=cache, layer=i)  # (B, T, d)
+        return self.apply_final_norm(x)

@@ -3,19 +3,22 @@
 positions     sinusoidal, scaled sinusoidal, learned, T5 relative bias, ALiBi, RoPE
 norms         LayerNorm, RMSNorm, DeepNorm's constants and initialisation
 activations   ReLU, GELU (exact, tanh), SiLU; the feed-forward network, plain or gated (SwiGLU, GeGLU)
-attention     multi-head / grouped-query / multi-query attention, masks, KV cache, pluggable kernels
+attention     multi-head / grouped-query / multi-query attention, masks, pluggable kernels
+kv_cache      what the model asks of a KV cache (KVCacheLike), and the contiguous KVCache
 blocks        the serial block (pre-LN, post-LN, sandwich, DeepNorm) and the parallel block
 """
 
 from .activations import FeedForward
-from .attention import Attention, KVCache, get_attention, register_attention, set_attention
+from .attention import Attention, get_attention, register_attention, set_attention
 from .blocks import ParallelBlock, SerialBlock
+from .kv_cache import KVCache, KVCacheLike
 from .norms import LayerNorm, RMSNorm
 
 __all__ = [
     "Attention",
     "FeedForward",
     "KVCache",
+    "KVCacheLike",
     "LayerNorm",
     "ParallelBlock",
     "RMSNorm",

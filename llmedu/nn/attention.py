@@ -27,7 +27,11 @@ and is registered by name: "math" (written out) and "sdpa" (PyTorch's fused
 
     set_attention(model, "flash")     # or TransformerConfig(attn_impl="flash") before building
 
-Left out: dropout on the attention probabilities, cross-attention, and paged caches (lesson 16).
+The KV cache that decoding passes in as ``cache=`` is in ``kv_cache.py``: anything with the members of
+``KVCacheLike`` will do: the contiguous ``KVCache``, a batch of lesson 16's paged cache, lesson 17's
+learned prefix.
+
+Left out: dropout on the attention probabilities and cross-attention.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kv_cache import KVCacheLike
 from .positions import apply_rope
 
 __all__ = [
@@ -50,7 +55,6 @@ __all__ = [
     "padding_bias",
     "math_attention",
     "sdpa_attention",
-    "KVCache",
     "kv_cache_bytes",
     "Attention",
     "set_attention",
@@ -137,51 +141,12 @@ def sdpa_attention(q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> tor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
 
 
-# -- the KV cache ----------------------------------------------------------------------------------------
+# -- the size of a KV cache (the cache itself is in kv_cache.py) -----------------------------------------
 def kv_cache_bytes(
     n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1, bytes_per_value: int = 4
 ) -> int:
     """The formula: keys and values (2) for every layer, KV head, channel, token and sequence."""
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value
-
-
-class KVCache:
-    """The keys and values of the tokens seen so far, for every layer; allocated once for ``max_len``.
-
-    During decoding each step appends one token's keys/values per layer, so attention costs
-    O(T) per new token instead of recomputing the whole prefix.
-    """
-
-    def __init__(
-        self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, max_len: int, device=None, dtype=torch.float32
-    ):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
-        self.lengths = [0] * n_layers  # tokens stored per layer
-
-    @property
-    def length(self) -> int:
-        """Tokens that every layer holds (the position of the next token)."""
-        return min(self.lengths)
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k, v (B, H_kv, T, D) to ``layer``; return all keys and values so far (B, H_kv, T_all, D)."""
-        start = self.lengths[layer]
-        end = start + k.shape[2]
-        if k.shape[:2] != self.k.shape[1:3] or k.shape[-1] != self.k.shape[-1]:
-            raise ValueError(f"keys of shape {tuple(k.shape)} do not fit a cache of shape {tuple(self.k.shape[1:])}")
-        if end > self.max_len:
-            raise ValueError(f"the KV cache holds {self.max_len} tokens; {end} would not fit")
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        self.lengths[layer] = end
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
 # -- the module ------------------------------------------------------------------------------------------
@@ -210,9 +175,11 @@ class Attention(nn.Module):
         causal: bool,
         attn_mask: torch.Tensor | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        cache: KVCache | None = None,
+        cache: KVCacheLike | None = None,
         layer: int = 0,
     ) -> torch.Tensor:
+        """x (B, T, d) -> (B, T, d). With a ``cache``, x holds only the new tokens: their keys and values
+        are stored as layer ``layer`` of the cache, and the queries attend to all the keys it returns."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)

@@ -1,10 +1,9 @@
 """Pipeline parallelism: the layers cut into stages, one stage per rank, micro-batches flowing through.
 
-Stage s holds a contiguous run of blocks (the first also the embeddings, the last the final norm and
-the output head). Its activations go to stage s+1 with ``send``/``recv``; in backward the gradient
-of those activations comes back the same way. A batch is cut into m micro-batches so that stages can
-work at the same time on different ones. Three schedules, each a list of ("F", i) / ("B", i) actions
-per stage:
+Stage s holds a contiguous run of blocks (the first also the embeddings, the last the final norm and the
+output head). Its activations go to stage s+1 with ``send``/``recv``; in backward the gradient of those
+activations comes back the same way. A batch is cut into m micro-batches so that stages can work at the
+same time on different ones. Three schedules, each a list of ("F", i) / ("B", i) actions per stage:
 
     naive   F0 B0 F1 B1 ...: one micro-batch in the whole pipe at a time; p - 1 of p stages always idle
     GPipe   F0 .. F(m-1), then B0 .. B(m-1)                               (Huang et al. 2019)
@@ -18,10 +17,9 @@ GPipe and 1F1B take equally long: with equal stages of forward t_f and backward 
 
 They differ in memory: GPipe holds the activations of all m micro-batches at the turn from forward
 to backward; 1F1B starts each backward as soon as it can, so stage s holds at most p - s.
-Gradients are those of one process: the loss of each micro-batch is divided by m, and the
-gradients of the m backwards add up in ``.grad``. With tied embeddings the first and the last stage
-each hold a copy of the matrix, and their gradients are exchanged and added after backward
-(as Megatron-LM does).
+Gradients are those of one process: the loss of each micro-batch is divided by m, and the gradients of
+the m backwards add up in ``.grad``. With tied embeddings the first and the last stage each hold a copy
+of the matrix, and their gradients are exchanged and added after backward (as Megatron-LM does).
 
 Left out: interleaved stages (virtual pipelines), zero-bubble schedules, sending shapes (every stage
 is told the activation shape), overlap of sends with compute beyond non-blocking ``isend``.
@@ -37,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.gpt import CausalLM
-from ..nn.positions import rope_cos_sin
+from ..models.transformer import Transformer
 from .events import EventLog
 
 __all__ = [
@@ -132,15 +130,19 @@ class PipelineStage(nn.Module):
     The stage takes its modules from ``model`` (no copy): build a fresh model for each stage.
     """
 
+    # Transformer's own methods for before and after the blocks (a method is just a function on its
+    # class); they read config, pos_bias, tok_embed, type_embed, pos_embed, embed_norm, drop, final_norm
+    embed = Transformer.embed
+    attention_inputs = Transformer.attention_inputs
+    apply_final_norm = Transformer.apply_final_norm
+
     def __init__(self, model: CausalLM, stage: int, n_stages: int, balance: str = "layers"):
         super().__init__()
         c, t = model.config, model.transformer
         if not 0 <= stage < n_stages:
             raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
         if c.position == "relative" or c.type_vocab_size or c.embedding_norm:
-            raise ValueError(
-                "pipeline stages support GPT/LLaMA-style models (no T5 biases, segments or embedding norm)"
-            )
+            raise ValueError("pipeline stages support GPT/LLaMA-style models (no T5 bias, segments or embedding norm)")
         if balance == "layers":
             if c.n_layers % n_stages:
                 raise ValueError(
@@ -161,6 +163,7 @@ class PipelineStage(nn.Module):
         self.pos_bias = t.pos_bias  # ALiBi has no parameters: every stage can build it
         if self.is_first:
             self.tok_embed, self.pos_embed, self.drop = t.tok_embed, t.pos_embed, t.drop
+            self.type_embed, self.embed_norm = t.type_embed, t.embed_norm  # None: refused above
         if self.is_last:
             self.final_norm, self.lm_head = t.final_norm, model.lm_head
             if c.tie_embeddings and not self.is_first:  # a copy of the embedding, kept equal by gradient exchange
@@ -181,20 +184,13 @@ class PipelineStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """First stage: ids (B, T); others: hidden (B, T, d). Last stage: logits; others: hidden."""
-        c = self.config
-        T = x.shape[1]
-        positions = torch.arange(T, device=x.device)
         if self.is_first:
-            x = self.tok_embed(x)  # (B, T, d)
-            if self.pos_embed is not None:
-                x = x + self.pos_embed(positions)
-            x = self.drop(x)
-        mask = None if self.pos_bias is None else self.pos_bias(positions, positions).to(x.dtype)  # (1, H, T, T)
-        rope = rope_cos_sin(positions, c.head_dim, c.rope_base) if c.position == "rope" else None
+            x = self.embed(x)  # (B, T, d)
+        mask, rope = self.attention_inputs(x)  # positions 0..T-1: no cache, no padding
         for i, block in self.blocks.items():
-            x = block(x, causal=c.causal, attn_mask=mask, rope=rope, layer=int(i))  # (B, T, d)
+            x = block(x, causal=self.config.causal, attn_mask=mask, rope=rope, layer=int(i))  # (B, T, d)
         if self.is_last:
-            x = self.lm_head(self.final_norm(x) if self.final_norm is not None else x)  # (B, T, V)
+            x = self.lm_head(self.apply_final_norm(x))  # (B, T, V)
         return x
 
 

@@ -96,7 +96,7 @@ class PromptTuning(nn.Module):
 
 
 class PrefixCache:
-    """A learned prefix that looks like ``llmedu.nn.attention.KVCache`` to our attention.
+    """A learned prefix that our model reads as its KV cache (it implements ``llmedu.nn.kv_cache.KVCacheLike``).
 
     ``update`` returns the prefix followed by the new keys/values and stores nothing, so the
     prefix stays a leaf of autograd and each forward starts from it again. ``first_position`` is
@@ -109,13 +109,16 @@ class PrefixCache:
 
     @property
     def length(self) -> int:
+        """P: the prefix's tokens."""
         return self.keys.shape[3]
 
     @property
     def first_position(self) -> int:
+        """P when the real tokens follow the prefix (``shift_positions``), else 0."""
         return self.length if self.shift_positions else 0
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (B, H_kv, T, D) -> the prefix, then k and v: (B, H_kv, P + T, D) each. Stores nothing."""
         return torch.cat([self.keys[layer], k], dim=2), torch.cat([self.values[layer], v], dim=2)  # (B, H_kv, P + T, D)
 
 
