@@ -11,7 +11,7 @@ from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 from llmedu.checks.tokenizers import hard_strings, varied_text
 from llmedu.data import load_corpus, reference_files
 from llmedu.tokenizers import WordPieceTokenizer
-from llmedu.tokenizers.wordpiece import basic_tokenize, normalize
+from llmedu.tokenizers.basic import basic_tokenize, normalize
 
 
 @pytest.fixture(scope="module")

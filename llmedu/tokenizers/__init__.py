@@ -3,7 +3,8 @@
 base        the shared interface: train / encode / decode / save / load / save_hf
 pairs       pair counts kept current while merging (what makes BPE training fast)
 bpe         byte-level BPE; ``BPETokenizer.from_gpt2`` encodes exactly like GPT-2
-wordpiece   BERT's basic tokenizer + greedy longest-match WordPiece; ``from_vocab`` = bert-base-uncased
+basic       BERT's basic tokenizer: normalisation and the split into words, before WordPiece
+wordpiece   greedy longest-match WordPiece and its trainer; ``from_vocab`` = bert-base-uncased
 unigram     Kudo's unigram language model: EM, Viterbi, pruning, sampled segmentations
 """
 
