@@ -3,13 +3,26 @@
 The library is the curriculum: each folder is one arc of the course, each file one concept.
 
     runtime      device choice (cuda > mps > cpu), seeding, fast mode (LLMEDU_FAST), timers
-    hardware     measured FLOP/s and bandwidth of this machine; accelerator spec sheets; roofline
+    hardware     measured FLOP/s and bandwidth of this machine; accelerator spec sheets; roofline; 6ND costs
+    tokenizers   byte-level BPE (encodes exactly like GPT-2), WordPiece (like BERT), Unigram (SentencePiece)
+    nn           the parts: positions, norms, activations and FFNs, attention (MHA/GQA/MQA, KV cache), blocks
+    models       TransformerConfig (every variant a field; GPT-2, BERT, Llama presets), GPT, BERT, from_hf/to_hf
+    data         corpora, labelled tasks and reference files, read offline after ``python -m llmedu.data fetch``;
+                 packing and masking for masked-LM pretraining
     memory       where the bytes of a training step go: measured, estimated, simulated
-    viz          live plots for training loops (a static figure when run headless)
+    train        the trainer (budget, accumulation, precision, clipping, schedules, checkpoints), loss
+                 scaling and master weights, activation recomputation
+    parallel     many processes: launch, collectives from send/recv, data/tensor/pipeline parallelism,
+                 the DP x TP x PP mesh, ZeRO-1/2/3, ZeRO-Offload, per-rank event logs
+    kernels      FlashAttention-2 written out tile by tile (forward and backward)
+    inference    serving: a paged KV cache (block tables, copy-on-write), continuous batching, cache waste
+    peft         prompt and prefix tuning, adapters, LLaMA-Adapter, LoRA, on our models and transformers'
+    cramming     the capstone: a BERT pretrained under a wall-clock budget, then fine-tuned (Cramming)
+    viz          live plots for training loops (a static figure when headless); per-rank timelines
     checks       graders for the exercises: check_x(your_function) says pass or fail, and why
 
-Rooms still to be built are listed in the README's syllabus. ``llmedu.show(obj)`` prints the
-source of anything in here, so a notebook can show the code it runs instead of pasting it.
+``llmedu.show(obj)`` prints the source of anything in here, so a notebook can show the code it runs
+instead of pasting it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,27 @@
 """Cramming end to end on a small slice: budget, checkpoints, exact resume, clear errors, fine-tuning."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
 
 from llmedu.cramming.__main__ import main
 from llmedu.cramming.finetune import AUTHORS, FIXED, FinetuneSettings, finetune
-from llmedu.cramming.pretrain import load_pretrained, mlm_flops_per_token, mlm_loss_fn, pretrain
+from llmedu.cramming.pretrain import (
+    PretrainRun,
+    load_pretrained,
+    load_run,
+    mlm_flops_per_token,
+    mlm_loss_fn,
+    pretrain,
+)
 from llmedu.cramming.recipe import (
     ABLATIONS,
+    CUDA_SHAPE,
     TINY_SHAPE,
     BudgetClock,
+    Recipe,
     budget_accumulation,
     budget_schedule,
     crammed,
@@ -20,10 +29,12 @@ from llmedu.cramming.recipe import (
     parse_budget,
 )
 from llmedu.data.packing import mask_tokens
-from llmedu.models import MaskedLM
+from llmedu.models import MaskedLM, TransformerConfig
 from llmedu.models.bert import mlm_loss
+from llmedu.tokenizers import WordPieceTokenizer
 
-SLICE = dict(max_chars=20_000, tokenizer_chars=30_000, progress=False)  # ~150 rows of 128 tokens per corpus
+MAX_CHARS = 20_000  # of each corpus: ~150 rows of 128 tokens
+QUIET = dict(tokenizer_chars=30_000, progress=False)
 TINY = crammed(**{**TINY_SHAPE, "micro_batch": 8})
 
 
@@ -77,8 +88,8 @@ def test_flops_per_token_equal_torch_flop_counter_for_sparse_and_full_prediction
     from torch.utils.flop_counter import FlopCounterMode
 
     recipe = crammed(**{**TINY_SHAPE, "mask_rate": 0.125, "sparse_prediction": sparse})
-    model = MaskedLM(recipe.model_config())
-    ids = torch.randint(5, recipe.vocab_size, (2, recipe.seq_len))  # (B, T)
+    model = MaskedLM(recipe.model)
+    ids = torch.randint(5, recipe.model.vocab_size, (2, recipe.model.max_seq_len))  # (B, T)
     labels = torch.full_like(ids, -100)
     labels.view(-1)[torch.randperm(ids.numel())[: int(0.125 * ids.numel())]] = 7  # exactly the mask rate
     with FlopCounterMode(display=False) as counter:
@@ -86,28 +97,30 @@ def test_flops_per_token_equal_torch_flop_counter_for_sparse_and_full_prediction
     assert counter.get_total_flops() == mlm_flops_per_token(recipe, model) * ids.numel()
 
 
-def test_geglu_splits_d_ff_like_the_authors_code():
-    """The gated FFN has 3/4 of the plain FFN's weights at the same d_ff: value and gate share its width."""
+def test_geglu_splits_bert_ffn_like_the_authors_code():
+    """The gated FFN splits BERT's 4d-wide projection into value and gate halves: 3/4 of the plain FFN's weights."""
     gated, plain = crammed(), crammed(activation="gelu")
-    count = lambda r: sum(p.numel() for p in MaskedLM(r.model_config()).transformer.blocks[0].mlp.parameters())  # noqa: E731
-    assert count(gated) * 4 == count(plain) * 3 == 3 * 2 * gated.d_model * gated.d_ff
-    with pytest.raises(ValueError, match="d_ff must be even"):
-        crammed(d_ff=511)
+    count = lambda r: sum(p.numel() for p in MaskedLM(r.model).transformer.blocks[0].mlp.parameters())  # noqa: E731
+    d = gated.model.d_model
+    assert (gated.model.d_ff, plain.model.d_ff) == (2 * d, 4 * d)
+    assert count(gated) * 4 == count(plain) * 3 == 3 * 2 * d * 4 * d
+    assert crammed(d_ff=300).model.d_ff == 300  # a width given is the gated FFN's hidden width, as in the config
 
 
 def test_every_ablation_is_one_valid_change_of_the_recipe():
     for name, change in ABLATIONS.items():
         recipe = crammed(**change)
         assert set(recipe.differences(crammed())) <= set(change) | {"d_ff"}, name
-        MaskedLM(recipe.model_config())  # builds
+        MaskedLM(recipe.model)  # builds
 
 
 @pytest.mark.parametrize("recipe", [TINY, original_bert(**TINY_SHAPE)], ids=["crammed", "original"])
 def test_sparse_prediction_gives_the_loss_and_gradients_of_full_prediction(recipe):
     torch.manual_seed(0)
-    model = MaskedLM(recipe.model_config()).eval()  # eval: dropout off, so both passes see the same network
-    ids = torch.randint(5, recipe.vocab_size, (4, 32))
-    inputs, labels = mask_tokens(ids, 0.15, 4, recipe.vocab_size, [0, 1, 2, 3, 4], torch.Generator().manual_seed(1))
+    model = MaskedLM(recipe.model).eval()  # eval: dropout off, so both passes see the same network
+    vocab = recipe.model.vocab_size
+    ids = torch.randint(5, vocab, (4, 32))
+    inputs, labels = mask_tokens(ids, 0.15, 4, vocab, [0, 1, 2, 3, 4], torch.Generator().manual_seed(1))
     batch = {"input_ids": inputs, "labels": labels}
     reference = mlm_loss(model(inputs), labels)  # the model's own head over every position, then masked
     grads = {}
@@ -128,17 +141,18 @@ def _weights(run):
 
 def test_an_interrupted_run_resumes_exactly(tmp_path):
     """Interrupt at step 5 (checkpoints at 2 and 4), resume: the weights at step 6 equal an unbroken run's."""
-    settings = dict(budget=None, max_steps=6, checkpoint_every=2, eval_batches=1, corpora=["kjv"], **SLICE)
-    pretrain(tmp_path / "whole", TINY, **settings)
+    run = PretrainRun(TINY, budget_seconds=None, max_steps=6, corpora=["kjv"], max_chars=MAX_CHARS)
+    settings = dict(checkpoint_every=2, eval_batches=1, **QUIET)
+    pretrain(tmp_path / "whole", run, **settings)
 
     def interrupt(info):
         if info.step == 5:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        pretrain(tmp_path / "broken", TINY, callbacks=[interrupt], **settings)
+        pretrain(tmp_path / "broken", run, callbacks=[interrupt], **settings)
     assert sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
-    summary = pretrain(tmp_path / "broken", TINY, resume=True, **settings)
+    summary = pretrain(tmp_path / "broken", run, resume=True, **settings)
     assert summary["steps"] == 6 and summary["steps_this_run"] == 2  # steps 5 and 6, redone from step 4
     whole, resumed = _weights(tmp_path / "whole"), _weights(tmp_path / "broken")
     for name in whole:
@@ -146,31 +160,56 @@ def test_an_interrupted_run_resumes_exactly(tmp_path):
 
 
 def test_resuming_with_a_different_recipe_is_a_clear_error(tmp_path):
-    pretrain(tmp_path, TINY, budget=None, max_steps=1, eval_batches=1, **SLICE)
-    with pytest.raises(ValueError, match="different recipe.*lr"):
-        pretrain(
-            tmp_path,
-            crammed(**{**TINY_SHAPE, "micro_batch": 8, "lr": 5e-4}),
-            budget=None,
-            max_steps=2,
-            resume=True,
-            **SLICE,
-        )
+    run = PretrainRun(TINY, budget_seconds=None, max_steps=1, max_chars=MAX_CHARS)
+    pretrain(tmp_path, run, eval_batches=1, **QUIET)
+    other = PretrainRun(crammed(**{**TINY_SHAPE, "micro_batch": 8, "lr": 5e-4}), None, 2, max_chars=MAX_CHARS)
+    with pytest.raises(ValueError, match="different recipe.*lr.*max_steps"):
+        pretrain(tmp_path, other, resume=True, **QUIET)
+    with pytest.raises(ValueError, match="different recipe.*d_model"):
+        pretrain(tmp_path, replace(run, recipe=crammed(**{**TINY_SHAPE, "micro_batch": 8, "d_model": 32})), resume=True)
     with pytest.raises(FileExistsError, match="already holds a run"):
-        pretrain(tmp_path, TINY, budget=None, max_steps=1, **SLICE)
+        pretrain(tmp_path, run, **QUIET)
+
+
+def test_a_run_survives_its_json_file():
+    """run.json round trip: the recipe with its TransformerConfig, the corpora (a JSON list) and the rest."""
+    for recipe in (TINY, original_bert(**CUDA_SHAPE)):
+        run = PretrainRun(recipe, budget_seconds=600.0, corpora=["kjv", "tweets"], max_chars=1000, seed=3)
+        again = PretrainRun.from_dict(json.loads(json.dumps(run.to_dict())))
+        assert again == run and again.differences(run) == {}
+        assert isinstance(again.recipe.model, TransformerConfig) and again.recipe.betas == recipe.betas
+    with pytest.raises(ValueError, match="unknown recipe fields"):
+        Recipe.from_dict({**TINY.to_dict(), "learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="budget in seconds, max_steps, or both"):
+        PretrainRun(TINY, budget_seconds=None)
+
+
+def test_a_run_folder_saved_with_the_flat_recipe_still_loads(tmp_path):
+    """Before the recipe held its TransformerConfig, run.json listed the model's fields among the recipe's,
+    with d_ff as BERT's first projection (split in two when gated) and seq_len for max_seq_len."""
+    flat = {
+        "name": "crammed", "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 128, "seq_len": 128,
+        "vocab_size": 1024, "norm_placement": "pre", "bias": False, "activation": "geglu",
+        "position": "scaled_sinusoidal", "dropout": 0.0, "attn_impl": "math", "fused": True,
+        "sparse_prediction": True, "mask_rate": 0.15, "mask_fraction": 0.8, "random_fraction": 0.1,
+        "schedule": "one_cycle", "lr": 0.001, "warmup": 0.1, "weight_decay": 0.01, "betas": [0.9, 0.98],
+        "clip_grad_norm": 0.5, "micro_batch": 8, "accumulation": 1, "batch_ramp": 0.6, "precision": "auto",
+    }  # fmt: skip
+    spec = {"recipe": flat, "corpora": ["kjv"], "max_chars": 20000, "budget_seconds": None, "max_steps": 6, "seed": 0}
+    (tmp_path / "run.json").write_text(json.dumps(spec, indent=1))
+    saved = WordPieceTokenizer().train("a saved run", vocab_size=20)
+    saved.save(tmp_path / "tokenizer.json")
+    recipe, tokenizer = load_run(tmp_path)
+    same = crammed(**{**TINY_SHAPE, "d_ff": 64, "micro_batch": 8})  # the GEGLU halves of the old d_ff=128
+    assert recipe == same and tokenizer.vocab == saved.vocab
+    # so the old run resumes with the same recipe written the new way
+    assert PretrainRun.from_dict(spec).differences(PretrainRun(same, None, 6, ["kjv"], 20_000)) == {}
 
 
 def test_a_corpus_too_small_for_one_batch_is_a_clear_error(tmp_path):
+    run = PretrainRun(crammed(**{**TINY_SHAPE, "micro_batch": 64}), 5.0, corpora=["kjv"], max_chars=3_000)
     with pytest.raises(ValueError, match="too small for one batch"):
-        pretrain(
-            tmp_path,
-            crammed(**{**TINY_SHAPE, "micro_batch": 64}),
-            budget="5s",
-            corpora=["kjv"],
-            max_chars=3_000,
-            tokenizer_chars=30_000,
-            progress=False,
-        )
+        pretrain(tmp_path, run, **QUIET)
     assert not (tmp_path / "run.json").exists(), "nothing is written before the data is known to suffice"
 
 

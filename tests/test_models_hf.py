@@ -12,7 +12,7 @@ import torch
 import transformers as tf
 
 from llmedu.models import CausalLM, MaskedLM, Transformer, TransformerConfig, generate
-from llmedu.models.hf import from_hf, to_hf
+from llmedu.models.hf import _family_of, from_hf, to_hf
 
 TOL = dict(atol=1e-5, rtol=0)
 VOCAB = 101
@@ -139,6 +139,16 @@ def test_greedy_generation_matches_transformers(family, cls):
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0
     )
     assert torch.equal(generate(ours, prompt, 12), theirs)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_a_family_is_recognised_by_its_preset(family):
+    """to_hf knows a family by the fields of its TransformerConfig preset, whatever the sizes."""
+    preset = getattr(TransformerConfig, family)
+    assert _family_of(preset(d_model=96, n_heads=3, n_layers=1, norm_eps=1e-3)) == family
+    for change in (dict(position="alibi"), dict(norm_placement="sandwich"), dict(activation="silu")):
+        with pytest.raises(ValueError, match="matches none of"):
+            _family_of(preset(**change))
 
 
 def test_unsupported_models_are_refused():

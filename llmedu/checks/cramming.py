@@ -36,9 +36,11 @@ def check_sparse_mlm_loss(fn) -> CheckResult:
     g = Grader("check_sparse_mlm_loss")
     recipe = crammed(**TINY_SHAPE)
     torch.manual_seed(0)
-    model = MaskedLM(recipe.model_config())
-    ids = torch.randint(5, recipe.vocab_size, (4, 32))  # (B, T)
-    inputs, labels = mask_tokens(ids, 0.15, 4, recipe.vocab_size, [0, 1, 2, 3, 4], torch.Generator().manual_seed(0))
+    model = MaskedLM(recipe.model)
+    ids = torch.randint(5, recipe.model.vocab_size, (4, 32))  # (B, T)
+    inputs, labels = mask_tokens(
+        ids, 0.15, 4, recipe.model.vocab_size, [0, 1, 2, 3, 4], torch.Generator().manual_seed(0)
+    )
     batch = {"input_ids": inputs, "labels": labels}
     expected = mlm_loss(model(inputs), labels)
     expected.backward()

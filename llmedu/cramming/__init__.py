@@ -2,8 +2,8 @@
 
 recipe      Recipe: the crammed recipe and the original BERT one as data, one field per trick;
             ABLATIONS; parse_budget("10m"); the budget clock that the learning rate follows
-pretrain    pretrain(out, recipe, budget): data prepared outside the budget, the course's trainer,
-            checkpoints that resume exactly, a JSON summary
+pretrain    pretrain(out, PretrainRun(recipe, budget_seconds)): data prepared outside the budget, the
+            course's trainer, checkpoints that resume exactly, a JSON summary
 finetune    finetune(run, "rotten_tomatoes"): fixed settings (FIXED, or the authors' AUTHORS),
             pretrained or random weights
 
@@ -13,7 +13,7 @@ python -m llmedu.cramming bench
 """
 
 from .finetune import AUTHORS, FIXED, FinetuneSettings, finetune
-from .pretrain import load_pretrained, load_run, pretrain
+from .pretrain import PretrainRun, load_pretrained, load_run, pretrain
 from .recipe import ABLATIONS, Recipe, crammed, original_bert, parse_budget
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "AUTHORS",
     "FIXED",
     "FinetuneSettings",
+    "PretrainRun",
     "Recipe",
     "crammed",
     "finetune",

@@ -22,7 +22,7 @@ from .. import runtime
 from ..data import available_corpora
 from ..data.classification import available_classification
 from .finetune import FIXED, SETTINGS, finetune
-from .pretrain import CORPORA, pretrain
+from .pretrain import CORPORA, PretrainRun, pretrain
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
 
 
@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bench(args) -> dict:
-    """Run ``benchmarks/cramming.py`` of the source checkout (the benchmark is a script, not library code)."""
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cramming.py"
+    """Run ``benchmarks/bench_cramming.py`` of the source checkout (the benchmark is a script, not library code)."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cramming.py"
     if not script.is_file():
         raise FileNotFoundError(f"{script} not found: the benchmark ships with the source repository, not the package")
     namespace = runpy.run_path(str(script))
@@ -141,18 +141,21 @@ def main(argv: list[str] | None = None) -> dict:
         ]
         sizes = {k: v for k, v in (("micro_batch", args.micro_batch), ("accumulation", args.accumulation)) if v}
         recipe = (crammed if args.recipe == "crammed" else original_bert)(**{**shape, **sizes})
-        result = pretrain(
-            args.out,
+        run = PretrainRun(
             recipe,
-            args.budget,
+            budget_seconds=args.budget,
             max_steps=args.max_steps,
             corpora=args.corpora,
             max_chars=args.max_chars,
-            tokenizer_chars=args.tokenizer_chars,
+            seed=args.seed,
+        )
+        result = pretrain(
+            args.out,
+            run,
             resume=args.resume,
             device=device,
+            tokenizer_chars=args.tokenizer_chars,
             checkpoint_every=args.checkpoint_every,
-            seed=args.seed,
         )
         result.pop("history")
     elif args.command == "finetune":

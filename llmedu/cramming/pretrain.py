@@ -1,15 +1,16 @@
 """Masked-LM pretraining from scratch under a wall-clock budget (Geiping & Goldstein 2022, sec. 2-4).
 
-    summary = pretrain("runs/crammed", crammed(), budget="10m")
+    run = PretrainRun(crammed(), budget_seconds=parse_budget("10m"))
+    summary = pretrain("runs/crammed", run)
 
 The rules of the game (the paper's sec. 2): a model trained from random weights on raw text, on one
 device, for a fixed number of seconds; the data preparation (tokenizer, packing) happens before the
 clock starts. The clock here is the trainer's: the sum of the optimizer steps' times, which leaves
 out checkpoint writing and the evaluation at the end.
 
-The run folder holds ``run.json`` (the recipe, corpora, budget and seed: what a resume must match),
-``tokenizer.json``, ``checkpoints/step-NNNNNN`` (the trainer's, resumable exactly) and
-``summary.json`` (the figures printed at the end).
+The run folder holds ``run.json`` (the ``PretrainRun``: recipe, corpora, budget and seed, what a
+resume must match), ``tokenizer.json``, ``checkpoints/step-NNNNNN`` (the trainer's, resumable
+exactly) and ``summary.json`` (the figures printed at the end).
 
 Sparse prediction (the paper's sec. 4.3): the MLM head is a dense layer, a norm and a (T, vocab)
 matmul per position, but only the ~15% masked positions carry a loss. Running the head on those
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -37,13 +39,14 @@ from ..models.counting import count_parameters, flops_per_token, matmul_paramete
 from ..tokenizers import WordPieceTokenizer
 from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
-from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule, parse_budget
+from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule
 
 __all__ = [
     "CORPORA",
     "prepare_data",
     "mlm_loss_fn",
     "mlm_flops_per_token",
+    "PretrainRun",
     "pretrain",
     "evaluate_mlm",
     "load_run",
@@ -61,10 +64,11 @@ def prepare_data(
     progress: bool = True,
 ):
     """(tokenizer, train rows, validation rows), all cached: the work done before the clock starts."""
-    tokenizer = train_tokenizer(corpora, recipe.vocab_size, sample_chars=tokenizer_chars)
-    train_rows = packed_rows(tokenizer, corpora, "train", recipe.seq_len, max_chars, progress=progress)
-    val_chars = None if max_chars is None else max(max_chars // 10, 20 * recipe.seq_len)
-    val_rows = packed_rows(tokenizer, corpora, "validation", recipe.seq_len, val_chars, progress=progress)
+    seq_len = recipe.model.max_seq_len  # rows as long as the model's positions
+    tokenizer = train_tokenizer(corpora, recipe.model.vocab_size, sample_chars=tokenizer_chars)
+    train_rows = packed_rows(tokenizer, corpora, "train", seq_len, max_chars, progress=progress)
+    val_chars = None if max_chars is None else max(max_chars // 10, 20 * seq_len)
+    val_rows = packed_rows(tokenizer, corpora, "validation", seq_len, val_chars, progress=progress)
     return tokenizer, train_rows, val_rows
 
 
@@ -94,7 +98,7 @@ def mlm_flops_per_token(recipe: Recipe, model: MaskedLM) -> float:
     head = matmul_parameters(model.mlm_head)
     body = matmul_parameters(model) - head
     share = recipe.mask_rate if recipe.sparse_prediction else 1.0
-    return flops_per_token(recipe.model_config(), body + share * head, recipe.seq_len)
+    return flops_per_token(recipe.model, body + share * head, recipe.model.max_seq_len)
 
 
 @torch.no_grad()
@@ -112,89 +116,81 @@ def evaluate_mlm(model: MaskedLM, batches: MLMBatches, n_batches: int, precision
     return total / n
 
 
-def _run_spec(recipe, corpora, max_chars, budget_seconds, max_steps, seed) -> dict:
-    return {
-        "recipe": recipe.to_dict(),
-        "corpora": list(corpora),
-        "max_chars": max_chars,
-        "budget_seconds": budget_seconds,
-        "max_steps": max_steps,
-        "seed": seed,
-    }
+@dataclass(frozen=True)
+class PretrainRun:
+    """What a pretraining run is: the recipe, the data and the budget. ``run.json`` holds it, and a
+    resumed run must be the saved one; how it is executed (device, checkpoints, progress) may change."""
 
+    recipe: Recipe
+    budget_seconds: float | None  # of training steps; None: max_steps alone
+    max_steps: int | None = None  # also stop after this many optimizer steps
+    corpora: tuple[str, ...] = CORPORA
+    max_chars: int | None = None  # of each corpus; None: all of it
+    seed: int = 0  # of the weights, the batch order and the masks
 
-def _check_resume(saved: dict, spec: dict) -> None:
-    saved_recipe = Recipe.from_dict(saved["recipe"])
-    diff = saved_recipe.differences(Recipe.from_dict(spec["recipe"]))
-    diff.update({k: (saved[k], spec[k]) for k in spec if k != "recipe" and saved.get(k) != spec[k]})
-    if diff:
-        lines = ", ".join(f"{k}: {a!r} (saved) vs {b!r} (now)" for k, (a, b) in diff.items())
-        raise ValueError(f"cannot resume with a different recipe or run: {lines}")
+    def __post_init__(self):
+        if self.budget_seconds is None and self.max_steps is None:
+            raise ValueError("give a budget in seconds, max_steps, or both")
+        object.__setattr__(self, "corpora", tuple(self.corpora))  # a list from JSON compares equal after this
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> PretrainRun:
+        return cls(**{**values, "recipe": Recipe.from_dict(values["recipe"])})
+
+    def differences(self, other: PretrainRun) -> dict[str, tuple]:
+        """{setting: (self's value, other's value)} for every setting that differs, the recipe's included."""
+        diff = self.recipe.differences(other.recipe)
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name != "recipe" and a != b:
+                diff[f.name] = (a, b)
+        return diff
 
 
 def pretrain(
     out: str | Path,
-    recipe: Recipe,
-    budget: str | float | None = "30s",
+    run: PretrainRun,
     *,
-    max_steps: int | None = None,
-    corpora: Sequence[str] = CORPORA,
-    max_chars: int | None = None,
-    tokenizer_chars: int = 400_000,
     resume: bool = False,
     device: torch.device | None = None,
+    tokenizer_chars: int = 400_000,
     checkpoint_every: int = 100,
     eval_batches: int = 20,
-    seed: int = 0,
     progress: bool = True,
     callbacks: Iterable[Callable] = (),
 ) -> dict:
-    """Pretrain ``recipe`` until the budget (seconds, or '10m'-style text) or ``max_steps`` is spent.
+    """Pretrain ``run.recipe`` until its budget (seconds) or ``run.max_steps`` is spent; the run folder is ``out``.
 
     Returns the summary (also written to ``out/summary.json``). ``resume=True`` continues an
-    interrupted run from its latest checkpoint; the run's settings must be the saved ones.
+    interrupted run from its latest checkpoint; ``run`` must be the saved one.
     """
-    out = Path(out)
-    budget_seconds = parse_budget(budget) if isinstance(budget, str) else budget
-    if budget_seconds is None and max_steps is None:
-        raise ValueError("give a budget in seconds, max_steps, or both")
-    spec = _run_spec(recipe, corpora, max_chars, budget_seconds, max_steps, seed)
-    if resume:
-        if not (out / "run.json").is_file():
-            raise FileNotFoundError(f"nothing to resume: {out / 'run.json'} does not exist")
-        _check_resume(json.loads((out / "run.json").read_text()), spec)
-    elif (out / "run.json").exists():
-        raise FileExistsError(f"{out} already holds a run: pass resume=True, or use another folder")
-
+    out, recipe = Path(out), run.recipe
+    _check_folder(out, run, resume)
     device = device or runtime.device()
-    tokenizer, train_rows, val_rows = prepare_data(recipe, corpora, max_chars, tokenizer_chars, progress)
-    if tokenizer.vocab_size != recipe.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} entries, the recipe asks for {recipe.vocab_size}")
-    mask = dict(rate=recipe.mask_rate, mask=recipe.mask_fraction, random=recipe.random_fraction)
-    data = MLMBatches(train_rows, recipe.micro_batch, tokenizer, seed=seed, **mask)  # raises if too small
+    tokenizer, train_rows, val_rows = prepare_data(recipe, run.corpora, run.max_chars, tokenizer_chars, progress)
+    if tokenizer.vocab_size != recipe.model.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} entries, the model {recipe.model.vocab_size}")
+    # raises if the data are too small for one batch, before anything is written
+    data = MLMBatches(train_rows, recipe.micro_batch, tokenizer, seed=run.seed, **_masking(recipe))
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        (out / "run.json").write_text(json.dumps(spec, indent=1))
+        (out / "run.json").write_text(json.dumps(run.to_dict(), indent=1))
         tokenizer.save(out / "tokenizer.json")
 
-    runtime.seed_everything(seed)
-    model = MaskedLM(recipe.model_config()).to(device)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=recipe.lr,
-        betas=recipe.betas,
-        eps=1e-12,
-    )
+    runtime.seed_everything(run.seed)
+    model = MaskedLM(recipe.model).to(device)
+    optimizer = _adamw(model, recipe)
     checkpoints = out / "checkpoints"
     saved = ckpt.latest(checkpoints) if resume else None
     start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
-    clock = BudgetClock(budget_seconds, max_steps, elapsed=start["seconds"])
+    clock = BudgetClock(run.budget_seconds, run.max_steps, elapsed=start["seconds"])
     precision = recipe.resolved_precision(device)
     config = TrainConfig(
-        max_steps=max_steps,
-        max_seconds=budget_seconds,
+        max_steps=run.max_steps,
+        max_seconds=run.budget_seconds,
         precision=precision,
         accumulation=budget_accumulation(recipe, clock),
         schedule=budget_schedule(recipe, clock),
@@ -217,31 +213,67 @@ def pretrain(
     wall = time.perf_counter() - wall
 
     enough = len(val_rows) >= recipe.micro_batch
-    val = MLMBatches(val_rows, recipe.micro_batch, tokenizer, seed=12345, **mask) if enough else None
+    val = MLMBatches(val_rows, recipe.micro_batch, tokenizer, seed=12345, **_masking(recipe)) if enough else None
+    val_loss = evaluate_mlm(model, val, eval_batches, precision, device) if val else None
+    summary = _summary(run, model, history, start, device, precision, wall, val_loss)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary["history"] = history  # for notebooks: every step; not written to the JSON file
+    return summary
+
+
+def _check_folder(out: Path, run: PretrainRun, resume: bool) -> None:
+    """A new run needs a folder without one; a resumed run must be the one saved there."""
+    if not resume:
+        if (out / "run.json").exists():
+            raise FileExistsError(f"{out} already holds a run: pass resume=True, or use another folder")
+        return
+    if not (out / "run.json").is_file():
+        raise FileNotFoundError(f"nothing to resume: {out / 'run.json'} does not exist")
+    diff = PretrainRun.from_dict(json.loads((out / "run.json").read_text())).differences(run)
+    if diff:
+        lines = ", ".join(f"{k}: {a!r} (saved) vs {b!r} (now)" for k, (a, b) in diff.items())
+        raise ValueError(f"cannot resume with a different recipe or run: {lines}")
+
+
+def _masking(recipe: Recipe) -> dict:
+    return dict(rate=recipe.mask_rate, mask=recipe.mask_fraction, random=recipe.random_fraction)
+
+
+def _adamw(model: MaskedLM, recipe: Recipe) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices, not on embeddings, norms and biases (BERT's grouping)."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=recipe.lr,
+        betas=recipe.betas,
+        eps=1e-12,
+    )
+
+
+def _summary(run: PretrainRun, model, history, start: dict, device, precision: str, wall: float, val_loss) -> dict:
+    """The figures of a run, as written to ``summary.json``."""
     steps = history.steps
     tokens = sum(s.tokens for s in steps)
     seconds = sum(s.seconds for s in steps)
-    summary = {
-        "recipe": recipe.name,
+    return {
+        "recipe": run.recipe.name,
         "device": str(device),
         "precision": precision,
         "parameters": count_parameters(model),
         "steps": steps[-1].step if steps else start["step"],
         "steps_this_run": len(steps),
         "stop_reason": history.stop_reason,
-        "budget_seconds": budget_seconds,
+        "budget_seconds": run.budget_seconds,
         "elapsed_seconds": round(steps[-1].elapsed if steps else start["seconds"], 3),
         "wall_seconds": round(wall, 3),
         "longest_step_seconds": round(max((s.seconds for s in steps), default=0), 3),
         "tokens_this_run": tokens,
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "train_loss": round(sum(s.loss for s in steps[-10:]) / len(steps[-10:]), 4) if steps else None,
-        "val_loss": round(evaluate_mlm(model, val, eval_batches, precision, device), 4) if val else None,
-        "flops_per_token": mlm_flops_per_token(recipe, model),
+        "val_loss": round(val_loss, 4) if val_loss is not None else None,
+        "flops_per_token": mlm_flops_per_token(run.recipe, model),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    summary["history"] = history  # for notebooks: every step; not written to the JSON file
-    return summary
 
 
 def load_run(out: str | Path) -> tuple[Recipe, WordPieceTokenizer]:
@@ -249,8 +281,8 @@ def load_run(out: str | Path) -> tuple[Recipe, WordPieceTokenizer]:
     out = Path(out)
     if not (out / "run.json").is_file():
         raise FileNotFoundError(f"{out} is not a pretraining run (no run.json)")
-    spec = json.loads((out / "run.json").read_text())
-    return Recipe.from_dict(spec["recipe"]), WordPieceTokenizer.load(out / "tokenizer.json")
+    run = PretrainRun.from_dict(json.loads((out / "run.json").read_text()))
+    return run.recipe, WordPieceTokenizer.load(out / "tokenizer.json")
 
 
 def load_pretrained(out: str | Path) -> dict[str, torch.Tensor]:

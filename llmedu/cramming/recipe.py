@@ -12,9 +12,14 @@ keep BERT's shape and objective and change what makes a fixed budget go further 
                    hardware has it
     implementation fused kernels for the norms and activations
 
+A ``Recipe`` holds the encoder it trains as a ``TransformerConfig`` (``recipe.model``: BERT's preset,
+``TransformerConfig.bert``, with the architecture tricks applied) and adds the objective and the
+training settings. ``crammed(**overrides)`` and ``original_bert(**overrides)`` take fields of either:
+``crammed(d_model=256, lr=5e-4)``.
+
 The GEGLU width follows the authors' code (``FFNComponent`` of github.com/JonasGeiping/cramming):
-the first projection is ``d_ff`` wide and is split into a value half and a gate half, so the gated
-FFN has 3/4 of the plain FFN's weights (d*d_ff + d_ff/2*d instead of 2*d*d_ff), not more.
+BERT's first projection, 4 * d_model wide, is split into a value half and a gate half, so the gated
+FFN has 3/4 of the plain FFN's weights (3 matrices of d x 2d instead of 2 of d x 4d), not more.
 
 ``original_bert`` is the baseline at the same shape: post-LN, biases, exact GELU, learned
 positions, dropout 0.1, the head over every position, warm-up then linear decay (Devlin et al.
@@ -24,14 +29,14 @@ Left out: the paper's data filtering and sorting, ``torch.compile``, and its voc
 (a CPU cannot use it in minutes); sizes here are for a CPU, and the CUDA shape is BERT-base. The
 authors' last settings (``bert-o4``) also mask 25% of the tokens and shape the rate as a ramp from a
 quarter of its peak up to the peak at 75% of the budget; we keep BERT's 15% and a symmetric
-triangle (peak at half the budget): the authors' variant changed little in a 10-minute CPU run (lesson 18).
+triangle (peak at half the budget).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
@@ -41,8 +46,10 @@ from ..train.schedules import Schedule
 
 __all__ = [
     "Recipe",
+    "encoder",
     "crammed",
     "original_bert",
+    "CRAMMED_ARCHITECTURE",
     "ABLATIONS",
     "TINY_SHAPE",
     "CUDA_SHAPE",
@@ -53,26 +60,42 @@ __all__ = [
 ]
 
 
+# -- the encoder ---------------------------------------------------------------------------------
+# What both recipes' encoders share, at the CPU shape: rows of 128 tokens, one segment (packed text,
+# no sentence pairs), a WordPiece vocabulary of 4096 trained on the corpora, torch's one-kernel norms
+# and GELU (an implementation choice, in both recipes). Attention: "math", "sdpa" or "flash" (import
+# llmedu.kernels). "math" on a CPU: torch's fused CPU kernel is no faster in fp32, and its bf16
+# backward is ~6x its forward (torch 2.13); CUDA_SHAPE asks for "sdpa".
+_CPU_ENCODER = dict(
+    vocab_size=4096,
+    d_model=128,
+    n_layers=4,
+    n_heads=4,
+    max_seq_len=128,
+    type_vocab_size=0,
+    attn_impl="math",
+    fused=True,
+)
+# Cramming's changes to BERT's architecture (the paper's sec. 4.2); dropout stays at the config's 0
+CRAMMED_ARCHITECTURE = dict(norm_placement="pre", bias=False, activation="geglu", position="scaled_sinusoidal")
+
+
+def encoder(**fields) -> TransformerConfig:
+    """BERT's encoder (``TransformerConfig.bert``) at the CPU shape, with one segment, changed by ``fields``.
+
+    Unless ``fields`` give ``d_ff``, the FFN is BERT's: 4 * d_model wide, split into value and gate
+    halves of 2 * d_model when the activation is gated (the authors' GEGLU, see the module docstring).
+    """
+    config = TransformerConfig.bert(**{**_CPU_ENCODER, **fields})
+    if config.activation in GATED and "d_ff" not in fields:
+        config = replace(config, d_ff=config.d_ff // 2)
+    return config
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str = "crammed"
-    # shape (the same for both recipes)
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 512  # width of the FFN's first projection (a gated FFN splits it: value and gate halves)
-    seq_len: int = 128
-    vocab_size: int = 4096  # of the WordPiece tokenizer trained on the corpora
-    # architecture switches
-    norm_placement: str = "pre"  # "pre" (crammed) or "post" (BERT)
-    bias: bool = False
-    activation: str = "geglu"  # "geglu" or "gelu"
-    position: str = "scaled_sinusoidal"  # or "learned"
-    dropout: float = 0.0
-    # "math", "sdpa" or "flash" (import llmedu.kernels). "math" on a CPU: torch's fused CPU kernel is no
-    # faster in fp32, and its bf16 backward is ~6x its forward (torch 2.13); CUDA_SHAPE asks for "sdpa".
-    attn_impl: str = "math"
-    fused: bool = True  # torch's one-kernel LayerNorm and GELU (an implementation choice, in both recipes)
+    model: TransformerConfig = field(default_factory=lambda: encoder(**CRAMMED_ARCHITECTURE))  # what MaskedLM builds
     # objective
     sparse_prediction: bool = True  # the head decodes only the masked positions
     mask_rate: float = 0.15
@@ -99,40 +122,12 @@ class Recipe:
             raise ValueError(f"warmup is a fraction of the budget in [0, 1), got {self.warmup}")
         if not 0 <= self.batch_ramp <= 1:
             raise ValueError(f"batch_ramp is a fraction of the budget in [0, 1], got {self.batch_ramp}")
-        if self.activation in GATED and self.d_ff % 2:
-            raise ValueError(f"a gated FFN splits d_ff in two halves: d_ff must be even, got {self.d_ff}")
-        self.model_config()  # rejects impossible shapes now, not after the data is prepared
-
-    def model_config(self) -> TransformerConfig:
-        hidden = self.d_ff // 2 if self.activation in GATED else self.d_ff  # value and gate share d_ff
-        return TransformerConfig(
-            vocab_size=self.vocab_size,
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            d_ff=hidden,
-            max_seq_len=self.seq_len,
-            position=self.position,
-            norm="layernorm",
-            norm_eps=1e-12,
-            norm_placement=self.norm_placement,
-            activation=self.activation,
-            bias=self.bias,
-            causal=False,
-            type_vocab_size=0,
-            embedding_norm=True,
-            tie_embeddings=True,
-            dropout=self.dropout,
-            attn_impl=self.attn_impl,
-            fused=self.fused,
-        )
 
     def resolved_precision(self, device: torch.device) -> str:
         """``precision``, with "auto" resolved: bf16 autocast where the hardware multiplies bf16 natively.
 
         That is a GPU with bf16 (fp16 with loss scaling on older ones), or a CPU with AVX512-BF16 or
-        AMX: on the 2-core course machine (AVX512-BF16) the CPU shape pretrains 2.0x faster in bf16
-        than in fp32. Elsewhere fp32, since emulated bf16 is slower than fp32.
+        AMX. Elsewhere fp32, since emulated bf16 is slower than fp32.
         """
         if self.precision != "auto":
             return self.precision
@@ -142,32 +137,78 @@ class Recipe:
             return "bf16"
         return "fp32"
 
+    def settings(self) -> dict:
+        """Every setting in one flat dict: the name, the model's fields, then the recipe's own."""
+        values = self.to_dict()
+        return {"name": values.pop("name"), **values.pop("model"), **values}
+
+    def differences(self, other: Recipe) -> dict[str, tuple]:
+        """{setting: (self's value, other's value)} for every setting that differs, the model's included."""
+        a, b = self.settings(), other.settings()
+        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self)  # the model as a nested dict
 
     @classmethod
     def from_dict(cls, values: dict) -> Recipe:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+        """The inverse of ``to_dict``; also reads the flat recipes of run folders saved before ``model``."""
+        values = _unflatten(values) if "seq_len" in values else dict(values)  # seq_len: the flat layout
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown recipe fields {unknown}")
-        values = dict(values)
+        if isinstance(values.get("model"), dict):
+            values["model"] = TransformerConfig(**values["model"])
         if "betas" in values:
-            values["betas"] = tuple(values["betas"])
+            values["betas"] = tuple(values["betas"])  # JSON has lists only
         return cls(**values)
 
-    def differences(self, other: Recipe) -> dict[str, tuple]:
-        """{field: (self's value, other's value)} for every field that differs."""
-        a, b = self.to_dict(), other.to_dict()
-        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+def _unflatten(values: dict) -> dict:
+    """A recipe saved before it held its TransformerConfig: the model's settings sat among the recipe's,
+    with seq_len for max_seq_len and d_ff as the width of BERT's first projection (halved when gated)."""
+    own = {f.name for f in fields(Recipe)}
+    model = {k: v for k, v in values.items() if k not in own}
+    model["max_seq_len"] = model.pop("seq_len")
+    if model["activation"] in GATED:
+        model["d_ff"] //= 2
+    return {**{k: v for k, v in values.items() if k in own}, "model": encoder(**model)}
 
 
-TINY_SHAPE = dict(d_model=64, n_layers=2, n_heads=2, d_ff=128, vocab_size=1024, micro_batch=16, accumulation=1)
+def _split(overrides: dict) -> tuple[dict, dict]:
+    """``overrides`` -> (fields of the TransformerConfig, fields of the Recipe)."""
+    model_fields = {f.name for f in fields(TransformerConfig)}
+    model = {k: v for k, v in overrides.items() if k in model_fields}
+    return model, {k: v for k, v in overrides.items() if k not in model_fields}
+
+
+def crammed(**overrides) -> Recipe:
+    """The crammed recipe (all tricks on) at the CPU shape; ``overrides`` set fields of the model or the recipe."""
+    model, recipe = _split(overrides)
+    return Recipe(**{"name": "crammed", **recipe, "model": encoder(**{**CRAMMED_ARCHITECTURE, **model})})
+
+
+def original_bert(**overrides) -> Recipe:
+    """BERT's own recipe at the same shape: its preset's architecture, dropout 0.1, every crammed trick off."""
+    model, recipe = _split(overrides)
+    settings = dict(
+        name="original",
+        sparse_prediction=False,
+        schedule="linear",
+        lr=1e-4,
+        betas=(0.9, 0.999),
+        clip_grad_norm=None,
+        batch_ramp=0.0,
+    )
+    return Recipe(**{**settings, **recipe, "model": encoder(**{"dropout": 0.1, **model})})
+
+
+# Shapes: overrides of the model's size and of the batch, for crammed() or original_bert().
+TINY_SHAPE = dict(d_model=64, n_layers=2, n_heads=2, vocab_size=1024, micro_batch=16, accumulation=1)
 CUDA_SHAPE = dict(
     d_model=768,
     n_layers=12,
     n_heads=12,
-    d_ff=3072,
     vocab_size=32768,
     micro_batch=128,
     accumulation=12,
@@ -175,37 +216,13 @@ CUDA_SHAPE = dict(
 )  # the fused flash kernel on a GPU
 
 
-def crammed(**overrides) -> Recipe:
-    """The crammed recipe (all tricks on) at the CPU shape, or at any shape given in ``overrides``."""
-    return Recipe(**{"name": "crammed", **overrides})
-
-
-def original_bert(**overrides) -> Recipe:
-    """BERT's own recipe at the same shape: every crammed trick off."""
-    settings = dict(
-        name="original",
-        norm_placement="post",
-        bias=True,
-        activation="gelu",
-        position="learned",
-        dropout=0.1,
-        sparse_prediction=False,
-        schedule="linear",
-        lr=1e-4,
-        betas=(0.9, 0.999),
-        clip_grad_norm=None,
-        batch_ramp=0.0,
-        d_ff=4 * overrides.get("d_model", Recipe.d_model),
-    )
-    return Recipe(**{**settings, **overrides})
-
-
-# One trick undone at a time; post-LN is only stable at a lower rate, so that row lowers it too.
+# One trick undone at a time, as overrides of crammed(); post-LN is only stable at a lower rate, so
+# that row lowers it too.
 ABLATIONS: dict[str, dict] = {
     "crammed": {},
     "post-LN": dict(norm_placement="post", lr=1e-4),
     "with biases": dict(bias=True),
-    "GELU FFN (no gate)": dict(activation="gelu", d_ff=4 * Recipe.d_model),
+    "GELU FFN (no gate)": dict(activation="gelu"),  # BERT's 4d-wide FFN, unsplit
     "learned positions": dict(position="learned"),
     "full prediction": dict(sparse_prediction=False),
     "dropout 0.1": dict(dropout=0.1),

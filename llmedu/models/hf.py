@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..nn.activations import GATED
 from .bert import MaskedLM
 from .config import TransformerConfig
 from .gpt import CausalLM
@@ -38,43 +39,25 @@ _HF_CLASSES = {
     "LlamaForCausalLM": ("llama", "lm"),
 }
 _HF_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}  # base model inside the LM
-# the fields that make one of our configs a member of a family
-_FAMILY = {
-    "bert": dict(
-        position="learned",
-        norm="layernorm",
-        norm_placement="post",
-        block="serial",
-        bias=True,
-        causal=False,
-        embedding_norm=True,
-        tie_embeddings=True,
-    ),
-    "gpt2": dict(
-        position="learned",
-        norm="layernorm",
-        norm_placement="pre",
-        block="serial",
-        bias=True,
-        causal=True,
-        type_vocab_size=0,
-        embedding_norm=False,
-        tie_embeddings=True,
-    ),
-    "llama": dict(
-        position="rope",
-        norm="rmsnorm",
-        norm_placement="pre",
-        block="serial",
-        bias=False,
-        causal=True,
-        type_vocab_size=0,
-        embedding_norm=False,
-    ),
-}
-_ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+_PRESETS = {"bert": TransformerConfig.bert, "gpt2": TransformerConfig.gpt2, "llama": TransformerConfig.llama}
+# A config converts as a family's when these fields are its preset's (sizes, eps, dropout are free) ...
+_LAYOUT = (
+    "position",
+    "norm",
+    "norm_placement",
+    "block",
+    "bias",
+    "causal",
+    "type_vocab_size",
+    "embedding_norm",
+    "tie_embeddings",
+)
+_LAYOUT_VARIES = {"bert": {"type_vocab_size"}, "llama": {"tie_embeddings"}}  # ... but these, whose checkpoints vary
+# our activation -> transformers' name; reading, the tanh GELU also goes by a second name
 _ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
-_GLU_FROM_HF = {"silu": "swiglu", "gelu": "geglu"}
+_ACT_FROM_HF = {**{hf: ours for ours, hf in _ACT_TO_HF.items()}, "gelu_pytorch_tanh": "gelu_tanh"}
+_GLU_TO_HF = {"swiglu": "silu", "geglu": "gelu"}  # Llama names the gate's function
+_GLU_FROM_HF = {hf: ours for ours, hf in _GLU_TO_HF.items()}
 
 
 # -- names ------------------------------------------------------------------------------------------------
@@ -191,14 +174,14 @@ def _config_from_hf(family: str, hc) -> TransformerConfig:
             d_model=hc.n_embd,
             n_layers=hc.n_layer,
             n_heads=hc.n_head,
-            d_ff=hc.n_inner or 4 * hc.n_embd,
+            d_ff=hc.n_inner,  # None: 4 * d_model, in transformers as here
             max_seq_len=hc.n_positions,
             norm_eps=hc.layer_norm_epsilon,
             activation=_activation(_ACT_FROM_HF, hc.activation_function),
             dropout=hc.resid_pdrop,
             tie_embeddings=hc.tie_word_embeddings,
         )
-    rope = hc.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}
+    rope = hc.rope_parameters or {}
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"RoPE scaling {rope['rope_type']!r} is not supported, only the default rope")
     if hc.head_dim != hc.hidden_size // hc.num_attention_heads:
@@ -214,7 +197,7 @@ def _config_from_hf(family: str, hc) -> TransformerConfig:
         d_ff=hc.intermediate_size,
         max_seq_len=hc.max_position_embeddings,
         norm_eps=hc.rms_norm_eps,
-        rope_base=float(rope["rope_theta"]),
+        rope_base=float(rope.get("rope_theta", TransformerConfig.rope_base)),
         activation=_activation(_GLU_FROM_HF, hc.hidden_act),
         tie_embeddings=hc.tie_word_embeddings,
     )
@@ -223,7 +206,13 @@ def _config_from_hf(family: str, hc) -> TransformerConfig:
 def _hf_config(family: str, c: TransformerConfig):
     import transformers
 
-    common = dict(vocab_size=c.vocab_size, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    common = dict(
+        vocab_size=c.vocab_size,
+        tie_word_embeddings=c.tie_embeddings,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     if family == "bert":
         return transformers.BertConfig(
             hidden_size=c.d_model,
@@ -261,10 +250,9 @@ def _hf_config(family: str, c: TransformerConfig):
         max_position_embeddings=c.max_seq_len,
         rms_norm_eps=c.norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
-        hidden_act={"swiglu": "silu", "geglu": "gelu"}[c.activation],
-        tie_word_embeddings=c.tie_embeddings,
-        attention_bias=False,
-        mlp_bias=False,
+        hidden_act=_GLU_TO_HF[c.activation],
+        attention_bias=c.bias,
+        mlp_bias=c.bias,
         **common,
     )
 
@@ -276,11 +264,13 @@ def _activation(mapping: dict, name: str) -> str:
 
 
 def _family_of(config: TransformerConfig) -> str:
-    for family, fields in _FAMILY.items():
-        if all(getattr(config, k) == v for k, v in fields.items()):
-            allowed = _GLU_FROM_HF.values() if family == "llama" else _ACT_TO_HF
-            if config.activation in allowed:
-                return family
+    """The family whose preset ``config`` follows in every field of ``_LAYOUT``, with an activation it names."""
+    for family, preset in _PRESETS.items():
+        reference = preset()
+        layout = [k for k in _LAYOUT if k not in _LAYOUT_VARIES.get(family, ())]
+        activations = _GLU_TO_HF if reference.activation in GATED else _ACT_TO_HF
+        if all(getattr(config, k) == getattr(reference, k) for k in layout) and config.activation in activations:
+            return family
     raise ValueError("this config matches none of BERT, GPT-2 or Llama; start from TransformerConfig.bert/gpt2/llama()")
 
 

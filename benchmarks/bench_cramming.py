@@ -1,6 +1,6 @@
 """Does the crammed recipe buy speed and loss? Our crammed BERT vs transformers' BertForMaskedLM.
 
-    python benchmarks/cramming.py                 # sizes for this machine (tiny with LLMEDU_FAST=1)
+    python benchmarks/bench_cramming.py                 # sizes for this machine (tiny with LLMEDU_FAST=1)
     python -m llmedu.cramming bench --budget 2m   # the same, from the package's command line
 
 1. Throughput: one training step (forward, MLM loss, backward, AdamW) of our crammed MaskedLM
@@ -26,37 +26,32 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-# Run as a script, this folder is first on sys.path, and its tokenizers.py would shadow the
-# `tokenizers` package that transformers imports.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
+import torch.nn.functional as F
+from transformers import BertConfig, BertForMaskedLM
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from transformers import BertConfig, BertForMaskedLM  # noqa: E402
-
-from llmedu import runtime  # noqa: E402
-from llmedu.cramming.pretrain import mlm_flops_per_token, mlm_loss_fn, pretrain  # noqa: E402
-from llmedu.cramming.recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget  # noqa: E402
-from llmedu.data.packing import mask_tokens  # noqa: E402
-from llmedu.hardware import measure_matmul_flops  # noqa: E402
-from llmedu.models import MaskedLM  # noqa: E402
-from llmedu.models.counting import flops_per_token, matmul_parameters  # noqa: E402
+from llmedu import runtime
+from llmedu.cramming.pretrain import PretrainRun, mlm_flops_per_token, mlm_loss_fn, pretrain
+from llmedu.cramming.recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
+from llmedu.data.packing import mask_tokens
+from llmedu.hardware import measure_matmul_flops
+from llmedu.models import MaskedLM
+from llmedu.models.counting import flops_per_token, matmul_parameters
 
 
 def hf_twin(recipe) -> BertForMaskedLM:
     """BertForMaskedLM at the recipe's shape, with BERT's own settings (the original recipe)."""
+    shape = recipe.model
     config = BertConfig(
-        vocab_size=recipe.vocab_size,
-        hidden_size=recipe.d_model,
-        num_hidden_layers=recipe.n_layers,
-        num_attention_heads=recipe.n_heads,
-        intermediate_size=4 * recipe.d_model,
-        max_position_embeddings=recipe.seq_len,
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.d_model,
+        num_hidden_layers=shape.n_layers,
+        num_attention_heads=shape.n_heads,
+        intermediate_size=4 * shape.d_model,
+        max_position_embeddings=shape.max_seq_len,
         type_vocab_size=2,
         attn_implementation="sdpa",
     )
@@ -65,10 +60,11 @@ def hf_twin(recipe) -> BertForMaskedLM:
 
 def throughput(recipe, device, repeats: int) -> dict:
     runtime.seed_everything(0)
-    ids = torch.randint(5, recipe.vocab_size, (recipe.micro_batch, recipe.seq_len))  # (B, T)
-    inputs, labels = mask_tokens(ids, 0.15, 4, recipe.vocab_size, [0, 1, 2, 3, 4], torch.Generator().manual_seed(0))
+    vocab, seq_len = recipe.model.vocab_size, recipe.model.max_seq_len
+    ids = torch.randint(5, vocab, (recipe.micro_batch, seq_len))  # (B, T)
+    inputs, labels = mask_tokens(ids, 0.15, 4, vocab, [0, 1, 2, 3, 4], torch.Generator().manual_seed(0))
     batch = {"input_ids": inputs.to(device), "labels": labels.to(device)}
-    ours, theirs = MaskedLM(recipe.model_config()).to(device), hf_twin(recipe).to(device)
+    ours, theirs = MaskedLM(recipe.model).to(device), hf_twin(recipe).to(device)
     ours_loss = mlm_loss_fn(sparse=True)
 
     def theirs_loss(model, b):
@@ -97,11 +93,11 @@ def throughput(recipe, device, repeats: int) -> dict:
             step()
             runtime.synchronize(device)
             times[name].append(time.perf_counter() - start)
-    tokens = recipe.micro_batch * recipe.seq_len
+    tokens = recipe.micro_batch * seq_len
     peak = measure_matmul_flops("bf16", device=device).best
     flops = {  # per token; ours runs its head on the masked positions only, BertForMaskedLM on every one
         "crammed (ours)": mlm_flops_per_token(recipe, ours),
-        "BertForMaskedLM": flops_per_token(recipe.model_config(), matmul_parameters(theirs), recipe.seq_len),
+        "BertForMaskedLM": flops_per_token(recipe.model, matmul_parameters(theirs), seq_len),
     }
     rows = {}
     for name, fpt in flops.items():
@@ -122,15 +118,8 @@ def loss_at_budget(shape: dict, budget: float, device, max_chars: int | None) ->
     with tempfile.TemporaryDirectory() as tmp:
         for make in (crammed, original_bert):
             recipe = make(**shape)
-            s = pretrain(
-                f"{tmp}/{recipe.name}",
-                recipe,
-                budget,
-                max_chars=max_chars,
-                device=device,
-                checkpoint_every=10_000,
-                progress=False,
-            )
+            run = PretrainRun(recipe, budget, max_chars=max_chars)
+            s = pretrain(f"{tmp}/{recipe.name}", run, device=device, checkpoint_every=10_000, progress=False)
             results[recipe.name] = {k: s[k] for k in ("steps", "tokens_per_s", "train_loss", "val_loss")}
     return results
 
@@ -144,9 +133,10 @@ def run(budget: float | None = None, device=None, repeats: int | None = None) ->
     repeats = repeats or (5 if small else 20)
     speed = throughput(recipe, device, repeats)
     losses = loss_at_budget(shape, budget, device, max_chars=100_000 if small else None)
+    model = recipe.model
     print(
-        f"bf16 autocast, {device}, d={recipe.d_model}, {recipe.n_layers} layers, batch {recipe.micro_batch}x"
-        f"{recipe.seq_len}, {repeats} alternating repeats; measured bf16 matmul peak "
+        f"bf16 autocast, {device}, d={model.d_model}, {model.n_layers} layers, batch {recipe.micro_batch}x"
+        f"{model.max_seq_len}, {repeats} alternating repeats; measured bf16 matmul peak "
         f"{speed['peak_bf16_flops'] / 1e9:.1f} GFLOP/s"
     )
     print(f"{'model':<18}{'tokens/s best':>15}{'tokens/s median':>17}{'FLOPs/token':>13}{'MFU (median)':>14}")
@@ -167,7 +157,7 @@ def run(budget: float | None = None, device=None, repeats: int | None = None) ->
     print(f"crammed below original: {verdict}")
     return {
         "device": str(device),
-        "shape": {k: getattr(recipe, k) for k in ("d_model", "n_layers", "vocab_size")},
+        "shape": {k: getattr(model, k) for k in ("d_model", "n_layers", "vocab_size")},
         "throughput": speed,
         "budget_seconds": budget,
         "loss_at_budget": losses,
