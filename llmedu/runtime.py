@@ -60,15 +60,17 @@ def device(prefer: str | None = None) -> torch.device:
     """
     name = prefer or os.environ.get("LLMEDU_DEVICE")
     if name:
-        dev = torch.device(name)
         available = {
             "cpu": True,
             "cuda": torch.cuda.is_available(),
             "mps": torch.backends.mps.is_available(),
         }
-        if not available.get(dev.type, False):
+        kind = str(name).split(":")[0]
+        if kind not in available:
+            raise ValueError(f"unknown device {name!r}: llmedu runs on {', '.join(available)}")
+        if not available[kind]:
             raise RuntimeError(f"device {name!r} was requested but is not available on this machine")
-        return dev
+        return torch.device(name)
     if torch.cuda.is_available():
         return torch.device("cuda")
     if torch.backends.mps.is_available():

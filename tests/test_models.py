@@ -157,6 +157,14 @@ def test_bad_inputs_fail_at_call():
         model(torch.zeros(1, 5, dtype=torch.long), inputs_embeds=torch.zeros(1, 5, 48))
     with pytest.raises(ValueError, match="inputs_embeds must be"):
         model(inputs_embeds=torch.zeros(1, 5, 47))
+    with pytest.raises(ValueError, match="token id 64 is outside the vocabulary of 64"):
+        model(torch.tensor([[1, 64]]))
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got -3"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), -3)
+    with pytest.raises(ValueError, match="top_k must be an int from 1 to the vocabulary size 64, got 65"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 2, temperature=1.0, top_k=65)
 
 
 def test_inputs_embeds_is_the_embedding_path_made_explicit(lm):

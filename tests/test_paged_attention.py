@@ -17,11 +17,20 @@ from llmedu.inference import (
     PagedBatch,
     PagedKVCache,
     Request,
+    gather_kv,
     paged_attention,
 )
 from llmedu.models import CausalLM, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: see conftest.py
+
+
+def test_block_numbers_outside_the_pool_are_an_error():
+    pool = torch.randn(4, 2, 8, 16)  # 4 blocks of 8 tokens
+    with pytest.raises(ValueError, match=r"names block -1; the pool has blocks 0 \.\. 3"):
+        gather_kv(pool, torch.tensor([[0, -1]]), 12)  # -1 would silently read the last block
+    with pytest.raises(ValueError, match="names block 4"):
+        gather_kv(pool, torch.tensor([[4]]), 3)
 
 
 # -- the allocator -------------------------------------------------------------------------------------

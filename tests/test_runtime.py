@@ -57,6 +57,8 @@ def test_device_refuses_what_is_missing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="not available"):
         runtime.device("cuda")
+    with pytest.raises(ValueError, match="unknown device 'tpu': llmedu runs on cpu, cuda, mps"):
+        runtime.device("tpu")
 
 
 def test_autocast_dtype_on_cpu_is_bf16():

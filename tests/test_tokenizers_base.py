@@ -7,6 +7,8 @@ work, and each special token must play its role ([CLS]/[SEP] around a sentence, 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import AutoTokenizer, BertTokenizerFast
 
@@ -77,3 +79,30 @@ def test_wordpiece_decodes_as_transformers_does():
     assert ours.decode(ours.encode("I can't go.")) == "[CLS] i can ' t go. [SEP]"
     different = [s for s in lines if ours.decode(ours.encode(s)) != theirs.decode(theirs(s)["input_ids"])]
     assert not different, f"{len(different)} of {len(lines)} lines decode differently, the first: {different[0]!r}"
+
+
+def test_bad_text_ids_and_files_are_clear_errors(text, tmp_path):
+    tok = UnigramTokenizer().train(text[:5_000], 200)
+    with pytest.raises(ValueError, match=r"lone surrogate '\\udc80' at index 2"):
+        tok.encode("ab\udc80c")
+    with pytest.raises(ValueError, match=r"id 1000000 is not in the vocabulary \(ids 0 \.\. 199\)"):
+        tok.id_to_token(10**6)
+    tok.save(tmp_path / "uni.json")
+    saved = json.loads((tmp_path / "uni.json").read_text())
+    saved["pieces"], saved["scores"] = saved["pieces"][:50], saved["scores"][:50]  # cut, consistently
+    (tmp_path / "cut.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="does not match the sha256 it was saved with"):
+        UnigramTokenizer.load(tmp_path / "cut.json")
+    del saved["sha256"]  # without the record, the structure is still checked
+    saved["scores"] = saved["scores"][:40]
+    (tmp_path / "uneven.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="not a complete 'unigram' tokenizer.*50 pieces but 40 scores"):
+        UnigramTokenizer.load(tmp_path / "uneven.json")
+    bpe = BPETokenizer().train(text[:5_000], 300)
+    bpe.save(tmp_path / "bpe.json")
+    state = json.loads((tmp_path / "bpe.json").read_text())
+    del state["merges"], state["sha256"]
+    (tmp_path / "no_merges.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="not a complete 'bpe' tokenizer: KeyError: 'merges'"):
+        BPETokenizer.load(tmp_path / "no_merges.json")
+    assert BPETokenizer.load(tmp_path / "bpe.json").encode(text[:500]) == bpe.encode(text[:500])

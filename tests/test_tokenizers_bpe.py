@@ -164,6 +164,10 @@ def test_bad_input_is_a_clear_error(tmp_path, gpt2):
     (tmp_path / "other.json").write_text('{"kind": "wordpiece", "format": 1}')
     with pytest.raises(ValueError, match="not a 'bpe' one"):
         BPETokenizer.load(tmp_path / "other.json")
+    cut = "\n".join(files["vocab.bpe"].read_text(encoding="utf-8").splitlines()[:1000])  # at a line boundary
+    (tmp_path / "cut.bpe").write_text(cut, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"49\d{3} tokens .* made by no merge .* \(999 merges\).*cut short"):
+        BPETokenizer.from_gpt2(files["encoder.json"], tmp_path / "cut.bpe")
 
 
 def test_gpt2_exported_by_us_loads_in_transformers(gpt2, tmp_path):

@@ -36,11 +36,16 @@ def gather_kv(pool: torch.Tensor, block_tables: torch.Tensor, length: int) -> to
     """Keys (or values) of a batch of sequences, read through their block tables.
 
     pool (num_blocks, H_kv, S, D); block_tables (B, n_blocks) of block numbers -> (B, H_kv, length, D).
+    Block numbers outside 0 .. num_blocks - 1 are an error (indexing would wrap -1 to the last block).
+    Which sequence owns which block is the cache's to check (``PagedKVCache.block_tables``).
     """
     B, n_blocks = block_tables.shape
-    _, n_kv, S, D = pool.shape
+    num_blocks, n_kv, S, D = pool.shape
     if length > n_blocks * S:
         raise ValueError(f"{length} tokens do not fit in {n_blocks} blocks of {S}")
+    if block_tables.numel() and (int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
+        bad = int(block_tables.min()) if int(block_tables.min()) < 0 else int(block_tables.max())
+        raise ValueError(f"block table names block {bad}; the pool has blocks 0 .. {num_blocks - 1}")
     blocks = pool[block_tables]  # (B, n_blocks, H_kv, S, D)
     return blocks.transpose(1, 2).reshape(B, n_kv, n_blocks * S, D)[:, :, :length]  # (B, H_kv, length, D)
 

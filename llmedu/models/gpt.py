@@ -65,6 +65,13 @@ def generate(
     """Append ``max_new_tokens`` tokens to ``input_ids`` (B, T). ``temperature=0`` is greedy."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    vocab = model.config.vocab_size
+    if top_k is not None and not (isinstance(top_k, int) and 1 <= top_k <= vocab):
+        raise ValueError(f"top_k must be an int from 1 to the vocabulary size {vocab}, got {top_k!r}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
     B, T = input_ids.shape
     total = T + max_new_tokens
     if model.config.position == "learned" and total > model.config.max_seq_len:

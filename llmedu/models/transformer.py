@@ -141,6 +141,12 @@ class Transformer(nn.Module):
                 raise ValueError(
                     f"input_ids must be a (batch, seq) tensor of int64, got {input_ids.dtype} {tuple(input_ids.shape)}"
                 )
+            low, high = (input_ids.min().item(), input_ids.max().item()) if input_ids.numel() else (0, 0)
+            if low < 0 or high >= c.vocab_size:  # an embedding lookup would fail with an index error
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"token id {bad} is outside the vocabulary of {c.vocab_size} (ids 0..{c.vocab_size - 1})"
+                )
             x = self.tok_embed(input_ids)  # (B, T, d)
         else:
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != c.d_model:

@@ -19,13 +19,14 @@ What this leaves out: batching, padding, truncation, offsets, and every speed tr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["Tokenizer", "as_texts", "check_vocab_size", "split_on_special", "warn_if_short"]
+__all__ = ["Tokenizer", "as_texts", "check_text", "check_vocab_size", "split_on_special", "warn_if_short"]
 
 FORMAT_VERSION = 1
 
@@ -86,9 +87,11 @@ class Tokenizer:
         return [self.id_to_token(i) for i in self.encode(text)]
 
     def save(self, path: str | Path) -> None:
-        """Write the tokenizer to a JSON file that ``load`` reads back."""
-        state = {"kind": self.kind, "format": FORMAT_VERSION, **self._state()}
-        Path(path).write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+        """Write the tokenizer to a JSON file that ``load`` reads back, with the sha256 of its content
+        so that a file cut short or edited by hand is refused, not half-loaded."""
+        state = json.loads(json.dumps({"kind": self.kind, "format": FORMAT_VERSION, **self._state()}))
+        document = {"sha256": _content_hash(state), **state}
+        Path(path).write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
@@ -102,7 +105,18 @@ class Tokenizer:
             raise ValueError(f"{path} holds a {found!r} tokenizer, not a {cls.kind!r} one")
         if state.get("format") != FORMAT_VERSION:
             raise ValueError(f"{path} has format {state.get('format')!r}; this llmedu reads {FORMAT_VERSION}")
-        return cls._from_state(state)
+        recorded = state.pop("sha256", None)  # files written before it was recorded have none
+        if recorded is not None and recorded != _content_hash(state):
+            raise ValueError(f"{path} does not match the sha256 it was saved with: it was altered or cut short")
+        try:
+            return cls._from_state(state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path} is not a complete {cls.kind!r} tokenizer: {type(err).__name__}: {err}") from None
+
+    def _check_id(self, i: int) -> None:
+        """A clear error for an id that is not in the vocabulary (instead of an IndexError, or a wrap)."""
+        if not isinstance(i, int) or not 0 <= i < self.vocab_size:
+            raise ValueError(f"id {i!r} is not in the vocabulary (ids 0 .. {self.vocab_size - 1})")
 
     def hf_json(self) -> dict:
         """The ``tokenizer.json`` document of Hugging Face ``tokenizers``: its envelope, our special
@@ -169,6 +183,24 @@ class Tokenizer:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, special_tokens={list(self.special_tokens)})"
 
 
+def _content_hash(state: dict) -> str:
+    return hashlib.sha256(json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def check_text(text: str) -> None:
+    """Text to encode must be a str of valid Unicode: a lone surrogate (U+D800..U+DFFF, say from a file
+    read with errors="surrogateescape") has no UTF-8 bytes, so no tokenizer can encode it."""
+    if not isinstance(text, str):
+        raise TypeError(f"text to encode must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"the text holds a lone surrogate {text[err.start]!r} at index {err.start}: it is not valid Unicode; "
+            "clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')"
+        ) from None
+
+
 def as_texts(texts: str | Iterable[str]) -> list[str]:
     """A training corpus as a list of strings; an empty corpus is an error."""
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -200,6 +232,7 @@ def warn_if_short(tokenizer: Tokenizer, asked: int) -> None:
 
 def split_on_special(text: str, special_tokens: dict[str, int]) -> list[tuple[str, bool]]:
     """Cut ``text`` around special tokens: [(piece, is_special), ...], longest token first."""
+    check_text(text)
     if not special_tokens:
         return [(text, False)] if text else []
     pattern = "|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -152,6 +153,7 @@ class BPETokenizer(Tokenizer):
         return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
 
     def id_to_token(self, i: int) -> str:
+        self._check_id(i)
         return self.vocab[i].decode("utf-8", errors="backslashreplace")
 
     # -- GPT-2's published files --------------------------------------------------------------
@@ -187,6 +189,14 @@ class BPETokenizer(Tokenizer):
                     raise ValueError(f"{vocab_bpe_path}, merge {n} ({line!r}): {t!r} is not in {encoder_json_path}")
             tok.merges[(encoder[a], encoder[b])] = encoder[a + b]
         reachable = set(tok.byte_ids) | set(tok.merges.values())
+        # what no merge makes must be a special token, written <|...|> as GPT-2's <|endoftext|>; anything
+        # else unreachable means a vocab.bpe cut short (its tokens would be matched as "special" text)
+        stranded = [t for t, i in encoder.items() if i not in reachable and not re.fullmatch(r"<\|[^|]+\|>", t)]
+        if stranded:
+            raise ValueError(
+                f"{len(stranded)} tokens of {encoder_json_path} are made by no merge of {vocab_bpe_path} "
+                f"({len(tok.merges)} merges), the first {stranded[0]!r}: is {vocab_bpe_path} cut short?"
+            )
         tok.special_tokens = {t: i for t, i in encoder.items() if i not in reachable}
         tok._build()
         return tok

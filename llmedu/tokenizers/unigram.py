@@ -61,6 +61,11 @@ class UnigramTokenizer(Tokenizer):
         self._set_vocab([], [], {})
 
     def _set_vocab(self, pieces: list[str], scores: list[float], special_tokens: dict[str, int]) -> None:
+        if len(pieces) != len(scores):
+            raise ValueError(f"{len(pieces)} pieces but {len(scores)} scores: every piece needs its log-probability")
+        outside = [t for t, i in special_tokens.items() if not (0 <= i < len(pieces) and pieces[i] == t)]
+        if outside:
+            raise ValueError(f"special token {outside[0]!r} is not at its id in the pieces")
         self.pieces, self.scores, self.special_tokens = pieces, scores, special_tokens
         specials = set(special_tokens.values())
         self.index = {p: i for i, p in enumerate(pieces) if i not in specials}  # piece -> id
@@ -170,6 +175,7 @@ class UnigramTokenizer(Tokenizer):
         return text[1:] if text.startswith(" ") else text
 
     def id_to_token(self, i: int) -> str:
+        self._check_id(i)
         return self.pieces[i]
 
     # -- training -----------------------------------------------------------------------------

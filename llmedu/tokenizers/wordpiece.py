@@ -173,6 +173,7 @@ class WordPieceTokenizer(Tokenizer):
         return "".join(pieces)
 
     def id_to_token(self, i: int) -> str:
+        self._check_id(i)
         return self.tokens_by_id[i]
 
     # -- training -----------------------------------------------------------------------------
