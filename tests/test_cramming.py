@@ -2,9 +2,11 @@
 
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from llmedu.cramming.__main__ import main
 from llmedu.cramming.finetune import AUTHORS, FIXED, FinetuneSettings, finetune
@@ -252,6 +254,13 @@ def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert result["init"] == "pretrained" and result["steps"] == 3 and 0 <= result["accuracy"] <= 1
     assert result["settings"] == {**asdict(FIXED), "epochs": 1}
+    kept = Path(result["out"])  # the fine-tuned classifier is kept, in the run folder by default
+    assert kept == tmp_path / "run" / "finetuned" / "rotten_tomatoes-pretrained-seed0"
+    assert json.loads((kept / "results.json").read_text()) == {k: v for k, v in result.items() if k != "out"}
+    weights = load_file(kept / "model.safetensors")
+    assert weights["classifier.weight"].shape[0] == 2 and "transformer.tok_embed.weight" in weights
+    with pytest.raises(FileExistsError, match="already holds fine-tuning results"):
+        main(["finetune", "--checkpoint", out, "--epochs", "1", "--max-train", "96", "--max-eval", "64"])
 
     # the authors' settings, with the batch overridden: 96 examples in batches of 48 are 2 steps
     result = main(
@@ -274,6 +283,26 @@ def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
     )
     assert result["init"] == "random" and result["steps"] == 2
     assert result["settings"] == {**asdict(AUTHORS), "epochs": 1, "batch_size": 48}
+
+
+def test_command_line_refuses_bad_arguments_before_writing_anything(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    for bad, says in (
+        (["--budget", "-5m"], "the budget must be positive, got '-5m'"),
+        (["--budget", "5m", "--max-steps", "0"], "max_steps must be an int >= 1, got 0"),
+    ):
+        with pytest.raises((SystemExit, ValueError)) as caught:
+            main(["pretrain", *bad, "--out", str(out), "--shape", "tiny"])
+        assert says in capsys.readouterr().err + str(caught.value)
+        assert not out.exists(), f"{bad} left {sorted(p.name for p in out.iterdir())} behind"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--budget", "5m", "--device", "cuda", "--out", str(out)])
+    assert "--device: device 'cuda' was requested but is not available" in capsys.readouterr().err
+    out.mkdir()
+    (out / "run.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="--resume on the command line"):
+        main(["pretrain", "--budget", "5m", "--out", str(out), "--shape", "tiny"])
 
 
 def test_finetuning_rules(tmp_path):

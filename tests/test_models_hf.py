@@ -11,8 +11,8 @@ import pytest
 import torch
 import transformers as tf
 
-from llmedu.models import CausalLM, MaskedLM, Transformer, TransformerConfig, generate
-from llmedu.models.hf import _family_of, from_hf, to_hf
+from llmedu.models import CausalLM, MaskedLM, Transformer, TransformerConfig, from_hf, generate, to_hf
+from llmedu.models.hf import _family_of
 
 TOL = dict(atol=1e-5, rtol=0)
 VOCAB = 101
@@ -166,3 +166,13 @@ def test_unsupported_models_are_refused():
     )
     with pytest.raises(ValueError, match="RoPE scaling"):
         from_hf(tf.LlamaModel(scaled))
+
+
+def test_a_config_edited_after_building_is_refused():
+    """GPT-2 built with 4 heads, then its config says 8: the weights have the same shapes either way, so
+    only the attention modules know; converting must refuse rather than give other logits."""
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=1, n_positions=16))
+    from_hf(model)  # as built: fine
+    model.config.n_head = 8
+    with pytest.raises(ValueError, match=r"attn\.num_heads is 4, but the model's config implies 8"):
+        from_hf(model)

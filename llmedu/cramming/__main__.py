@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="labelled task: rotten_tomatoes (sentiment, 2 classes) or bbc_news (5 topics)",
     )
     f.add_argument("--from-scratch", action="store_true", help="same architecture from random weights: the control")
+    f.add_argument(
+        "--out",
+        default=None,
+        help="where to keep the fine-tuned weights (model.safetensors) and results.json "
+        "(default: CHECKPOINT/finetuned/TASK-INIT-seedN)",
+    )
     described = "; ".join(
         f"{name}: lr {s.lr:.0e}, batch {s.batch_size}, {s.schedule} decay" for name, s in SETTINGS.items()
     )
@@ -132,9 +138,25 @@ def _bench(args) -> dict:
     return namespace["run"](budget=args.budget, device=args.device)
 
 
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``--budget -5m`` -> ``--budget=-5m``: argparse takes "-5m" for an option, and its error then
+    says the argument is missing; attached, the value reaches the budget parser, which says why."""
+    out = []
+    for arg in argv:
+        if out and out[-1] in ("--budget", "--max-steps") and arg.startswith("-"):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    device = runtime.device(args.device)
+    parser = build_parser()
+    args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
+    try:
+        device = runtime.device(args.device)
+    except (ValueError, RuntimeError) as error:
+        parser.error(f"--device: {error}")
     if args.command == "pretrain":
         shape = {"tiny": TINY_SHAPE, "cpu": {}, "cuda": CUDA_SHAPE}[
             args.shape if args.shape != "auto" else "cuda" if device.type == "cuda" else "cpu"
@@ -161,9 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
     elif args.command == "finetune":
         overrides = {k: v for k, v in (("lr", args.lr), ("batch_size", args.batch_size)) if v is not None}
         settings = replace(SETTINGS[args.settings], epochs=args.epochs, **overrides)
+        init = "random" if args.from_scratch else "pretrained"
+        out = args.out or Path(args.checkpoint) / "finetuned" / f"{args.task}-{init}-seed{args.seed}"
         result = finetune(
             args.checkpoint,
             args.task,
+            out=out,
             from_scratch=args.from_scratch,
             settings=settings,
             max_train=args.max_train,

@@ -24,11 +24,13 @@ over several fine-tuning seeds.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from .. import runtime
 from ..data.classification import load_classification
@@ -110,9 +112,16 @@ def finetune(
     device: torch.device | None = None,
     seed: int = 0,
     progress: bool = True,
+    out: str | Path | None = None,
 ) -> dict:
     """Fine-tune the encoder of pretraining run ``run`` (or, ``from_scratch``, the same shape from
-    random weights) on ``task``; return the validation accuracy and the run's figures."""
+    random weights) on ``task``; return the validation accuracy and the run's figures.
+
+    With ``out``, the fine-tuned classifier is kept there: ``model.safetensors`` (its weights) and
+    ``results.json`` (what this returns). An ``out`` that already holds results is an error.
+    """
+    if out is not None and (Path(out) / "results.json").exists():
+        raise FileExistsError(f"{out} already holds fine-tuning results: choose another folder")
     recipe, tokenizer = load_run(run)
     device = device or runtime.device()
     texts, labels = load_classification(task, "train")
@@ -167,4 +176,10 @@ def finetune(
         "majority_baseline": round(max(val_labels.count(c) for c in set(val_labels)) / len(val_labels), 4),
         "settings": asdict(settings),
     }
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors")
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+        result["out"] = str(out)
     return result

@@ -64,8 +64,15 @@ def prepare_data(
     progress: bool = True,
 ):
     """(tokenizer, train rows, validation rows), all cached: the work done before the clock starts."""
+    if progress:
+        print(
+            f"Preparing the data; the budget clock has not started. A WordPiece vocabulary of "
+            f"{recipe.model.vocab_size} from {', '.join(corpora)}, then the text packed into rows "
+            f"(both cached: a minute or two the first time, seconds after).",
+            flush=True,
+        )
     seq_len = recipe.model.max_seq_len  # rows as long as the model's positions
-    tokenizer = train_tokenizer(corpora, recipe.model.vocab_size, sample_chars=tokenizer_chars)
+    tokenizer = train_tokenizer(corpora, recipe.model.vocab_size, sample_chars=tokenizer_chars, progress=progress)
     train_rows = packed_rows(tokenizer, corpora, "train", seq_len, max_chars, progress=progress)
     val_chars = None if max_chars is None else max(max_chars // 10, 20 * seq_len)
     val_rows = packed_rows(tokenizer, corpora, "validation", seq_len, val_chars, progress=progress)
@@ -129,8 +136,17 @@ class PretrainRun:
     seed: int = 0  # of the weights, the batch order and the masks
 
     def __post_init__(self):
+        # checked here, before anything is written: a rejected run must not leave a run.json behind
         if self.budget_seconds is None and self.max_steps is None:
             raise ValueError("give a budget in seconds, max_steps, or both")
+        if self.budget_seconds is not None and not self.budget_seconds > 0:
+            raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_seconds}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise ValueError(f"max_steps must be an int >= 1, got {self.max_steps!r}")
+        if self.max_chars is not None and (not isinstance(self.max_chars, int) or self.max_chars < 1):
+            raise ValueError(f"max_chars must be an int >= 1, got {self.max_chars!r}")
+        if not self.corpora:
+            raise ValueError("give at least one corpus")
         object.__setattr__(self, "corpora", tuple(self.corpora))  # a list from JSON compares equal after this
 
     def to_dict(self) -> dict:
@@ -225,7 +241,9 @@ def _check_folder(out: Path, run: PretrainRun, resume: bool) -> None:
     """A new run needs a folder without one; a resumed run must be the one saved there."""
     if not resume:
         if (out / "run.json").exists():
-            raise FileExistsError(f"{out} already holds a run: pass resume=True, or use another folder")
+            raise FileExistsError(
+                f"{out} already holds a run: resume it (resume=True; --resume on the command line), or use another folder"
+            )
         return
     if not (out / "run.json").is_file():
         raise FileNotFoundError(f"nothing to resume: {out / 'run.json'} does not exist")

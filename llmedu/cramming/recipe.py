@@ -238,7 +238,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def parse_budget(text: str) -> float:
     """'30s', '10m', '24h', '1.5h' or a bare number of seconds -> seconds (positive)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", str(text))
+    match = re.fullmatch(r"\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*([smhd]?)\s*", str(text))
     if not match:
         raise ValueError(f"cannot parse the budget {text!r}: write a number with a unit, e.g. 30s, 10m, 24h")
     seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]

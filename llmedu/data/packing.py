@@ -61,14 +61,18 @@ def _documents(corpora: Sequence[str], split: str, max_chars: int | None) -> lis
 
 
 def train_tokenizer(
-    corpora: Sequence[str], vocab_size: int, sample_chars: int = 400_000, cache: Path | None = None
+    corpora: Sequence[str],
+    vocab_size: int,
+    sample_chars: int = 400_000,
+    cache: Path | None = None,
+    progress: bool = False,
 ) -> WordPieceTokenizer:
     """A WordPiece tokenizer trained on the first ``sample_chars`` of each corpus's train split (cached)."""
     path = (cache or cache_dir() / "packing") / f"wordpiece-{_key(c=list(corpora), v=vocab_size, s=sample_chars)}.json"
     if path.is_file():
         return WordPieceTokenizer.load(path)
     text = "\n\n".join(_documents(corpora, "train", sample_chars))
-    tokenizer = WordPieceTokenizer().train(text, vocab_size)
+    tokenizer = WordPieceTokenizer().train(text, vocab_size, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(path)
     return tokenizer

@@ -11,6 +11,16 @@ hf            from_hf / to_hf: weights to and from ``transformers`` (BERT, GPT-2
 from .bert import MaskedLM, SequenceClassifier
 from .config import TransformerConfig
 from .gpt import CausalLM, generate
+from .hf import from_hf, to_hf
 from .transformer import Transformer
 
-__all__ = ["CausalLM", "MaskedLM", "SequenceClassifier", "Transformer", "TransformerConfig", "generate"]
+__all__ = [
+    "CausalLM",
+    "MaskedLM",
+    "SequenceClassifier",
+    "Transformer",
+    "TransformerConfig",
+    "generate",
+    "from_hf",
+    "to_hf",
+]

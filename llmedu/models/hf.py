@@ -275,6 +275,22 @@ def _family_of(config: TransformerConfig) -> str:
 
 
 # -- the two directions -----------------------------------------------------------------------------------
+def _check_heads_agree(hf_model: nn.Module, config: TransformerConfig) -> None:
+    """The head count is not in the weights' shapes: a config edited after the model was built would
+    convert silently into a model that splits the same weights into other heads. Compare it with what
+    the attention modules themselves were built with."""
+    expected = {"num_heads": config.n_heads, "num_attention_heads": config.n_heads}
+    expected |= {"head_dim": config.head_dim, "attention_head_size": config.head_dim}
+    for name, module in hf_model.named_modules():
+        for attribute, value in expected.items():
+            built = getattr(module, attribute, None)
+            if isinstance(built, int) and built != value:
+                raise ValueError(
+                    f"{name}.{attribute} is {built}, but the model's config implies {value}: the config was changed "
+                    "after the model was built, so its weights would be split into other heads"
+                )
+
+
 def from_hf(hf_model: nn.Module) -> nn.Module:
     """Our model with ``hf_model``'s weights: ``Transformer`` for a bare model, else ``CausalLM``/``MaskedLM``."""
     name = type(hf_model).__name__
@@ -282,6 +298,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
         raise TypeError(f"from_hf takes one of {sorted(_HF_CLASSES)}, got {name}")
     family, head = _HF_CLASSES[name]
     config = _config_from_hf(family, hf_model.config)
+    _check_heads_agree(hf_model, config)
     model = Transformer(config) if head == "bare" else (MaskedLM if family == "bert" else CausalLM)(config)
     theirs = hf_model.state_dict()
     ours = {}
