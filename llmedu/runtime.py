@@ -10,6 +10,8 @@ Every lesson starts here:
   configs so that each runs in about a minute on two CPU cores. The tests turn it on.
 * ``Timer`` measures wall-clock time, synchronising the accelerator so that asynchronous
   kernels are counted where they run, not where they were launched.
+* ``sigterm_as_interrupt()`` makes SIGTERM (a job scheduler's "stop now") raise KeyboardInterrupt,
+  as Ctrl-C does, so that long work can save its state on either.
 
 Nothing here is clever; it exists so that the same cell runs unchanged on a laptop, in CI and
 on a GPU node.
@@ -19,13 +21,25 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-__all__ = ["FAST", "fast_mode", "device", "autocast_dtype", "seed_everything", "synchronize", "Timer"]
+__all__ = [
+    "FAST",
+    "fast_mode",
+    "device",
+    "autocast_dtype",
+    "seed_everything",
+    "synchronize",
+    "Timer",
+    "sigterm_as_interrupt",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -140,3 +154,21 @@ class Timer:
     def __exit__(self, *exc) -> None:
         synchronize(self.device)
         self.seconds = time.perf_counter() - self._start
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """While training, SIGTERM (a scheduler's "stop now") raises KeyboardInterrupt, as Ctrl-C does, so
+    that both save the last finished step. Only the main thread can set signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -202,7 +202,8 @@ def test_resume_from_bad_checkpoints_is_a_clear_error_and_changes_nothing(tmp_pa
 
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "state.json").write_text((good / "state.json").read_text())
+    unrecorded = {k: v for k, v in json.loads((good / "state.json").read_text()).items() if k != "sha256"}
+    (bad / "state.json").write_text(json.dumps(unrecorded))  # no record: the file itself must be read safely
     payload = tmp_path / "pwned"
 
     class Evil:
@@ -300,3 +301,99 @@ def test_resume_restores_the_loss_scaler(tmp_path):
     resumed = run(tmp_path / "killed", resume=True)
     assert resumed["loss_scale"] == full["loss_scale"][3:] and resumed["loss"] == full["loss"][3:]
     assert any(full["skipped"]) and len(set(full["loss_scale"])) > 2  # the scale moved both ways
+
+
+# -- faults: damaged checkpoints, non-finite losses, interrupts -----------------------------------------
+def test_a_flipped_byte_is_caught_and_resuming_falls_back_to_the_checkpoint_before(tmp_path):
+    model, opt, batches = resumable_setup(0)
+    train(model, opt, batches, gpt_loss, config(tmp_path))  # checkpoints at steps 4, 8 and the end
+    assert [p.name for p in ckpt.checkpoints(tmp_path)] == ["step-000004", "step-000008", "step-000010"]
+    newest = tmp_path / "step-000010" / "tensors.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 1  # one bit of one weight
+    newest.write_bytes(bytes(data))
+    fresh, fresh_opt, _ = resumable_setup(0)
+    with pytest.raises(CheckpointError, match=r"step-000010/tensors\.safetensors differs from the sha256"):
+        ckpt.load(tmp_path / "step-000010", fresh, fresh_opt)
+    with pytest.warns(RuntimeWarning, match="skipping a damaged checkpoint: .*step-000010"):
+        path, state = ckpt.load_latest(tmp_path, fresh, fresh_opt)
+    assert path.name == "step-000008" and state["step"] == 8
+
+
+def test_latest_is_the_highest_step_not_the_last_name(tmp_path):
+    for step in (999_999, 1_000_000):
+        (tmp_path / ckpt.checkpoint_name(step)).mkdir()
+        for name in (ckpt.TENSORS, ckpt.STATE):
+            (tmp_path / ckpt.checkpoint_name(step) / name).write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1000000", "step-999999"]  # by name, 999999 is last
+    assert ckpt.latest(tmp_path).name == "step-1000000"
+
+
+def test_leftovers_of_a_writer_that_died_are_removed(tmp_path):
+    leftover = tmp_path / ".step-000002.tmp-999999999"  # no such process
+    leftover.mkdir(parents=True)
+    (leftover / ckpt.TENSORS).write_text("half")
+    model, opt, batches = resumable_setup(0)
+    train(model, opt, batches, gpt_loss, TrainConfig(max_steps=1, checkpoint_dir=tmp_path, progress=False))
+    assert not leftover.exists()
+
+
+@pytest.mark.parametrize("poison", ["loss", "gradient"])
+def test_a_non_finite_step_stops_training_before_it_is_applied_or_saved(tmp_path, poison):
+    model, opt, batches = resumable_setup(0)
+
+    def loss_fn(model, ids):
+        loss = gpt_loss(model, ids)
+        if len(history_steps) != 2:  # the third step goes wrong
+            return loss
+        return loss * float("nan") if poison == "loss" else loss + 0 * model.lm_head.weight.sum() * float("inf")
+
+    history_steps = []
+    cfg = TrainConfig(max_steps=5, checkpoint_dir=tmp_path, checkpoint_every=1, progress=False)
+    before = None
+
+    def remember(info):
+        nonlocal before
+        history_steps.append(info.step)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    with pytest.raises(FloatingPointError, match=r"step 3: the (loss|gradient norm) is (nan|inf).*nonfinite='skip'"):
+        train(model, opt, batches, loss_fn, cfg, callbacks=[remember])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()), "the bad step changed the weights"
+    assert ckpt.latest(tmp_path).name == "step-000002", "a non-finite step was checkpointed"
+
+
+def test_non_finite_steps_can_be_skipped_with_a_warning(tmp_path):
+    model, opt, batches = resumable_setup(0)
+    calls = []
+
+    def loss_fn(model, ids):
+        calls.append(1)
+        loss = gpt_loss(model, ids)
+        return loss * float("nan") if len(calls) == 2 else loss
+
+    with pytest.warns(RuntimeWarning, match="step 2: the loss is nan; the step is skipped"):
+        history = train(model, opt, batches, loss_fn, TrainConfig(max_steps=4, nonfinite="skip", progress=False))
+    assert history["skipped"] == [False, True, False, False]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    with pytest.raises(ValueError, match="nonfinite must be 'raise' or 'skip'"):
+        TrainConfig(max_steps=1, nonfinite="ignore")
+
+
+def test_an_interrupt_saves_the_last_finished_step_and_resuming_loses_nothing(tmp_path, capsys):
+    model, opt, batches = resumable_setup(0)
+    reference = train(model, opt, batches, gpt_loss, config(tmp_path / "straight"))
+
+    model, opt, batches = resumable_setup(0)
+
+    def stop_at_six(info):
+        if info.step == 6:
+            raise KeyboardInterrupt  # as Ctrl-C would, between two steps
+
+    with pytest.raises(KeyboardInterrupt):
+        train(model, opt, batches, gpt_loss, config(tmp_path / "run"), callbacks=[stop_at_six])
+    assert "interrupted: step 6 saved" in capsys.readouterr().out
+    assert ckpt.latest(tmp_path / "run").name == "step-000006"  # not only step-000004
+    model, opt, _ = resumable_setup(1)  # other weights: the checkpoint must restore everything
+    resumed = train(model, opt, batches, gpt_loss, config(tmp_path / "run"), resume=True)
+    assert resumed["loss"] == pytest.approx(reference["loss"][6:], abs=1e-6)

@@ -208,3 +208,6 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # the trainer has saved the last finished step (it printed where)
+        print("stopped; run the same command with --resume to continue", file=sys.stderr)
+        sys.exit(130)

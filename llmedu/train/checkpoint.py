@@ -15,9 +15,11 @@ a JSON header plus raw bytes, so loading reads numbers and nothing else; the res
 
 A checkpoint is a folder ``step-000120`` written under a hidden temporary name and then renamed
 (``os.replace``, atomic on POSIX): a run killed while saving leaves the previous checkpoint intact
-and no half-written folder that looks complete. ``load`` reads and checks *everything* before it
-changes anything, so a missing, corrupt or mismatched checkpoint raises ``CheckpointError`` and
-leaves the model and optimizer untouched.
+and no half-written folder that looks complete; the next save removes such leftovers of dead
+processes. ``state.json`` records the sha256 of the tensor file, so a flipped byte in the weights is
+caught, not resumed from. ``load`` reads and checks *everything* before it changes anything, so a
+missing, corrupt or mismatched checkpoint raises ``CheckpointError`` (naming the file) and leaves the
+model and optimizer untouched; ``load_latest`` then falls back to the checkpoint before it.
 
 Left out: sharded checkpoints (one file per rank, lesson 14), asynchronous saving, keeping only
 the last N checkpoints.
@@ -25,10 +27,12 @@ the last N checkpoints.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-__all__ = ["CheckpointError", "save", "load", "latest", "checkpoint_name"]
+__all__ = ["CheckpointError", "save", "load", "load_latest", "latest", "checkpoints", "checkpoint_name"]
 
 FORMAT = "llmedu-checkpoint-1"
 TENSORS, STATE = "tensors.safetensors", "state.json"
@@ -51,13 +55,48 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
-def latest(root: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``root``, or None if there is none."""
+def checkpoints(root: str | Path) -> list[Path]:
+    """The complete-looking checkpoint folders under ``root``, by step (numerically: step-1000000
+    comes after step-999999, although its name sorts before)."""
     root = Path(root)
     if not root.is_dir():
-        return None
-    done = [p for p in root.glob("step-*") if (p / TENSORS).is_file() and (p / STATE).is_file()]
-    return max(done, key=lambda p: p.name, default=None)
+        return []
+    done = [
+        p for p in root.glob("step-*") if p.name[5:].isdigit() and (p / TENSORS).is_file() and (p / STATE).is_file()
+    ]
+    return sorted(done, key=lambda p: int(p.name[5:]))
+
+
+def latest(root: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``root``, or None if there is none."""
+    found = checkpoints(root)
+    return found[-1] if found else None
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete temporary folders that a process killed while saving left behind (their writer is dead)."""
+    for tmp in root.glob(".step-*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # -- saving --------------------------------------------------------------------------------------
@@ -98,10 +137,12 @@ def save(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, t
         },
     }
     root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(root)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT})
+    state["sha256"] = _sha256(tmp / TENSORS)  # of the bytes as written, checked by load
     with open(tmp / STATE, "w") as f:
         json.dump(state, f, indent=1)
         f.flush()
@@ -118,15 +159,18 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         if not (path / name).is_file():
             raise CheckpointError(f"{path} is not a complete checkpoint: {name} is missing")
     try:
-        tensors = load_file(str(path / TENSORS))  # raw bytes and a JSON header: no code runs
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path / TENSORS} is not a readable safetensors file: {err}") from None
-    try:
         state = json.loads((path / STATE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path / STATE} is not valid JSON: {err}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path / STATE} is not an {FORMAT} file")
+    recorded = state.pop("sha256", None)  # checkpoints written before it was recorded have none
+    if recorded is not None and _sha256(path / TENSORS) != recorded:
+        raise CheckpointError(f"{path / TENSORS} differs from the sha256 recorded when it was saved: it is damaged")
+    try:
+        tensors = load_file(str(path / TENSORS))  # raw bytes and a JSON header: no code runs
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path / TENSORS} is not a readable safetensors file: {err}") from None
     return tensors, state
 
 
@@ -198,3 +242,20 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -
     np.random.set_state((np_kind, np_keys, np_pos, np_has_gauss, np_gauss))
     random.setstate((py_version, tuple(py_internal), py_gauss))
     return {k: v for k, v in state.items() if k not in ("format", "optimizer", "rng")}
+
+
+def load_latest(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Path, dict]:
+    """Load the newest checkpoint under ``root`` that loads; return its path and training state.
+
+    A damaged newest checkpoint is reported (a warning naming it and why) and the one before is
+    tried, so a crash that corrupted the last save costs ``checkpoint_every`` steps, not the run.
+    """
+    found = checkpoints(root)
+    if not found:
+        raise CheckpointError(f"no checkpoint in {root}")
+    for path in reversed(found):
+        try:
+            return path, load(path, model, optimizer)
+        except CheckpointError as err:
+            warnings.warn(f"skipping a damaged checkpoint: {err}", RuntimeWarning, stacklevel=2)
+    raise CheckpointError(f"none of the {len(found)} checkpoints in {root} loads (see the warnings above)")

@@ -30,14 +30,24 @@ so a resumed run continues at the same micro-batch whatever k was.
 The budget is a number of optimizer steps, a number of wall-clock seconds (the Cramming setting:
 Geiping & Goldstein 2022), or both: training stops at whichever comes first.
 
+Faults. A loss or (without fp16's loss scaler, whose job it is) a gradient norm that is NaN or
+infinite stops training with ``FloatingPointError`` before that step is applied or checkpointed;
+``TrainConfig(nonfinite="skip")`` skips such steps instead, with a warning, and still stops after
+``MAX_SKIPPED_IN_A_ROW`` in a row. Ctrl-C (SIGINT) or SIGTERM during training saves a checkpoint of
+the last finished step (when there is a ``checkpoint_dir``) and then raises ``KeyboardInterrupt``: a
+resumed run loses nothing. Resuming from the latest checkpoint falls back to the one before when the
+latest is damaged (``checkpoint.load_latest``).
+
 Left out: evaluation during training (a callback can do it), several optimizers, ``torch.compile``.
 """
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import count, islice
 from pathlib import Path
 from typing import Any
@@ -46,8 +56,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..runtime import synchronize
+from ..runtime import sigterm_as_interrupt, synchronize
 from . import checkpoint as ckpt
+from .history import History, StepInfo, count_tokens, log_to
 from .precision import Precision
 from .schedules import Schedule
 
@@ -65,6 +76,7 @@ class TrainConfig:
     checkpoint_dir: str | Path | None = None
     checkpoint_every: int | None = None  # steps between checkpoints (and one at the end)
     progress: bool = True  # a tqdm progress bar
+    nonfinite: str = "raise"  # a NaN/inf loss or gradient norm: "raise" (stop) or "skip" the step
 
     def __post_init__(self):
         if self.max_steps is None and self.max_seconds is None:
@@ -81,60 +93,17 @@ class TrainConfig:
             raise ValueError(f"clip_grad_norm must be positive, got {self.clip_grad_norm!r}")
         if self.checkpoint_every is not None and (self.checkpoint_dir is None or self.checkpoint_every < 1):
             raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+        if self.nonfinite not in ("raise", "skip"):
+            raise ValueError(f"nonfinite must be 'raise' or 'skip', got {self.nonfinite!r}")
 
 
-@dataclass
-class StepInfo:
-    """What happened in one optimizer step; handed to every callback."""
-
-    step: int  # optimizer steps done, this one included
-    loss: float  # mean loss over the step's micro-batches
-    lr: float  # learning rate of the first parameter group
-    grad_norm: float  # global gradient norm before clipping (inf if it overflowed)
-    tokens: int
-    seconds: float  # wall-clock time of this step
-    elapsed: float  # wall-clock time of the run so far (across resumes)
-    loss_scale: float | None  # fp16 only: the scale used in this step
-    skipped: bool  # fp16 only: the update was skipped because a gradient overflowed
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
-
-
-@dataclass
-class History:
-    """Every ``StepInfo`` of a run, and why it stopped ('steps', 'seconds' or 'data')."""
-
-    steps: list[StepInfo] = field(default_factory=list)
-    stop_reason: str = ""
-
-    def __getitem__(self, name: str) -> list:
-        """A column, e.g. ``history['loss']``."""
-        return [getattr(s, name) for s in self.steps]
+MAX_SKIPPED_IN_A_ROW = 10  # non-finite steps skipped in a row before training stops anyway
 
 
 def _check_accumulation(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"accumulation must be an int >= 1 (micro-batches per step), got {k!r}")
     return k
-
-
-def count_tokens(batch: Any) -> int:
-    """Elements of the batch's first tensor (a (B, T) tensor of ids: B*T tokens)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.numel()
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            return value.numel()
-    raise TypeError(f"cannot count the tokens of a {type(batch).__name__}; pass count_tokens=")
-
-
-def log_to(monitor, metrics: Iterable[str] = ("loss", "lr", "tokens_per_s")) -> Callable[[StepInfo], None]:
-    """A callback that logs the named ``StepInfo`` fields to a ``LiveMonitor`` every step."""
-    names = tuple(metrics)
-    return lambda info: monitor.log(info.step, **{n: getattr(info, n) for n in names if getattr(info, n) is not None})
 
 
 def _micro_batches(batches, start: int):
@@ -188,30 +157,44 @@ def train(
         total=c.max_steps, initial=progress.step, disable=not c.progress, desc="train", unit="step", dynamic_ncols=True
     )
     model.train()
-    while not (stop := _budget_spent(c, progress)):
-        start = time.perf_counter()
-        scale = policy.scaler.scale_value if policy.scaler else None  # the loss scale of this step's backward
-        k = _check_accumulation(c.accumulation(progress.step) if callable(c.accumulation) else c.accumulation)
-        loss, tokens, used = _accumulate(model, loss_fn, islice(data, k), k, policy, device.type, count_tokens)
-        progress.position += used
-        if used < k:  # the data ended inside a step: drop its partial gradients
-            optimizer.zero_grad(set_to_none=True)
-            stop = "data"
-            break
-        grad_norm, stepped = _apply_gradients(optimizer, params, policy, c, progress.step)
-        progress.step += 1
-        synchronize(device)  # GPU kernels run asynchronously: wait before reading the clock
-        seconds = time.perf_counter() - start
-        progress.seconds += seconds
-        lr = optimizer.param_groups[0]["lr"]
-        info = StepInfo(
-            progress.step, loss, lr, float(grad_norm), tokens, seconds, progress.seconds, scale, not stepped
-        )
-        _report(info, history, callbacks, bar)
-        if c.checkpoint_every and progress.step % c.checkpoint_every == 0:
-            _save(c.checkpoint_dir, model, optimizer, policy, progress)
-            saved_at = progress.step
-    bar.close()
+    skipped_in_a_row, stop = 0, ""
+    try:
+        with sigterm_as_interrupt():
+            while not (stop := _budget_spent(c, progress)):
+                start = time.perf_counter()
+                scale = policy.scaler.scale_value if policy.scaler else None  # the loss scale of this step's backward
+                k = _check_accumulation(c.accumulation(progress.step) if callable(c.accumulation) else c.accumulation)
+                loss, tokens, used = _accumulate(model, loss_fn, islice(data, k), k, policy, device.type, count_tokens)
+                if used < k:  # the data ended inside a step: drop its partial gradients
+                    optimizer.zero_grad(set_to_none=True)
+                    progress.position += used
+                    stop = "data"
+                    break
+                grad_norm, stepped = _apply_gradients(optimizer, params, policy, c, progress.step, loss)
+                skipped_in_a_row = 0 if stepped or policy.scaler else skipped_in_a_row + 1
+                if skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                    raise FloatingPointError(f"{skipped_in_a_row} steps in a row had a non-finite loss or gradient")
+                progress.position += used
+                progress.step += 1
+                synchronize(device)  # GPU kernels run asynchronously: wait before reading the clock
+                seconds = time.perf_counter() - start
+                progress.seconds += seconds
+                lr = optimizer.param_groups[0]["lr"]
+                info = StepInfo(
+                    progress.step, loss, lr, float(grad_norm), tokens, seconds, progress.seconds, scale, not stepped
+                )
+                _report(info, history, callbacks, bar)
+                if c.checkpoint_every and progress.step % c.checkpoint_every == 0:
+                    _save(c.checkpoint_dir, model, optimizer, policy, progress)
+                    saved_at = progress.step
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the last finished step, then stop as asked
+        optimizer.zero_grad(set_to_none=True)  # the interrupted step's partial gradients
+        if c.checkpoint_dir is not None and saved_at != progress.step:
+            path = _save(c.checkpoint_dir, model, optimizer, policy, progress)
+            print(f"interrupted: step {progress.step} saved in {path}; resume=True continues from it", flush=True)
+        raise
+    finally:
+        bar.close()
     history.stop_reason = stop
     if c.checkpoint_dir is not None and saved_at != progress.step:
         _save(c.checkpoint_dir, model, optimizer, policy, progress)  # the final state
@@ -228,8 +211,9 @@ def _start_or_resume(directory, resume, model, optimizer, policy: Precision) -> 
     if resume is True:
         if directory is None or ckpt.latest(directory) is None:
             raise FileNotFoundError(f"resume=True but there is no checkpoint in {directory!r}")
-        resume = ckpt.latest(directory)
-    state = ckpt.load(resume, model, optimizer)
+        _, state = ckpt.load_latest(directory, model, optimizer)  # falls back past a damaged latest one
+    else:
+        state = ckpt.load(resume, model, optimizer)
     if policy.scaler is not None and state.get("scaler"):
         policy.scaler.load_state_dict(state["scaler"])
     return _Progress(state["step"], state["position"], state["seconds"])
@@ -260,17 +244,33 @@ def _accumulate(model, loss_fn, micro_batches, k: int, policy: Precision, device
     return loss_sum, tokens, used
 
 
-def _apply_gradients(optimizer, params, policy: Precision, config: TrainConfig, step: int) -> tuple[torch.Tensor, bool]:
+def _apply_gradients(
+    optimizer, params, policy: Precision, config: TrainConfig, step: int, loss: float
+) -> tuple[torch.Tensor, bool]:
     """Unscale, measure and clip the gradients, set the learning rate, step, clear the gradients.
 
-    Returns the gradient norm before clipping, and whether the step was taken (fp16: not if a gradient overflowed).
+    Returns the gradient norm before clipping, and whether the step was taken: not if a gradient
+    overflowed under fp16's loss scaler, nor if the loss or gradient norm was not finite and
+    ``config.nonfinite`` is "skip" (with "raise", that is an error before anything changes).
     """
     if policy.scaler:
         policy.scaler.unscale_(optimizer)  # the true gradients, before measuring or clipping
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    bad = "loss" if not math.isfinite(loss) else "" if policy.scaler or torch.isfinite(grad_norm) else "gradient norm"
+    if bad:  # the scaler skips overflowed steps itself; anything else non-finite is a fault
+        value = loss if bad == "loss" else grad_norm.item()
+        message = f"step {step + 1}: the {bad} is {value}"
+        if config.nonfinite == "raise":
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"{message}; training stopped before applying or checkpointing it "
+                "(TrainConfig(nonfinite='skip') skips such steps instead)"
+            )
+        warnings.warn(f"{message}; the step is skipped", RuntimeWarning, stacklevel=3)
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm, False
     if config.clip_grad_norm is not None:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.clip_grad_norm)  # returns the norm before
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        torch.nn.utils.clip_grads_with_norm_(params, config.clip_grad_norm, grad_norm)
     if config.schedule is not None:
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] * config.schedule(step)
@@ -293,6 +293,6 @@ def _report(info: StepInfo, history: History, callbacks, bar: tqdm) -> None:
     bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
 
 
-def _save(directory, model, optimizer, policy: Precision, progress: _Progress) -> None:
+def _save(directory, model, optimizer, policy: Precision, progress: _Progress) -> Path:
     scaler = policy.scaler.state_dict() if policy.scaler else None
-    ckpt.save(directory, model, optimizer, {**asdict(progress), "scaler": scaler})  # step, position, seconds
+    return ckpt.save(directory, model, optimizer, {**asdict(progress), "scaler": scaler})  # step, position, seconds
