@@ -202,6 +202,39 @@ def test_loading_into_a_different_adapter_is_refused(llama, tmp_path):
         load_adapter(b, tmp_path / "missing.safetensors")
 
 
+def test_a_wrong_shaped_tensor_leaves_the_model_untouched(llama, tmp_path):
+    """The last tensor of the file does not fit: nothing may have been copied before the error."""
+    from safetensors.torch import load_file, save_file
+
+    trained = copy.deepcopy(llama)
+    apply_lora(trained, ["q_proj", "v_proj"], r=4)
+    randomise_lora(trained)
+    save_adapter(trained, tmp_path / "a.safetensors")
+    tensors = load_file(str(tmp_path / "a.safetensors"))
+    last = sorted(tensors)[-1]
+    tensors[last] = tensors[last][:-1]  # one row short
+    save_file(tensors, str(tmp_path / "cut.safetensors"))
+    target = copy.deepcopy(llama)
+    apply_lora(target, ["q_proj", "v_proj"], r=4)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ValueError, match=f"{last}: the file holds"):
+        load_adapter(target, tmp_path / "cut.safetensors")
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items()), "half-loaded"
+
+
+def test_an_adapter_of_another_base_is_refused_unless_asked(llama, tmp_path):
+    trained = copy.deepcopy(llama)
+    apply_lora(trained, ["q_proj", "v_proj"], r=4)
+    save_adapter(trained, tmp_path / "a.safetensors")
+    other = copy.deepcopy(llama)
+    with torch.no_grad():
+        other.model.layers[0].mlp.up_proj.weight.add_(0.01)  # the same shapes, other weights
+    apply_lora(other, ["q_proj", "v_proj"], r=4)
+    with pytest.raises(ValueError, match="trained on another base model"):
+        load_adapter(other, tmp_path / "a.safetensors")
+    load_adapter(other, tmp_path / "a.safetensors", other_base=True)  # on purpose: allowed
+
+
 # -- several adapters on one base, in one batch -------------------------------------------------------------
 def test_two_lora_adapters_served_in_one_batch(llama):
     adapters = {}

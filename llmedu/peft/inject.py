@@ -21,6 +21,7 @@ quantised base layers.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "base_fingerprint",
     "find_modules",
     "replace_module",
     "peft_modules",
@@ -158,12 +160,33 @@ def save_adapter(model: nn.Module, path: str | Path) -> int:
     if not tensors:
         raise ValueError("the model has no trainable parameter: nothing to save (was a PEFT method applied?)")
     methods = sorted({m.peft_method for m in peft_modules(model)})
-    save_file(tensors, str(path), metadata={"llmedu.peft": json.dumps(methods)})
+    metadata = {"llmedu.peft": json.dumps(methods), "llmedu.base": base_fingerprint(model)}
+    save_file(tensors, str(path), metadata=metadata)
     return Path(path).stat().st_size
 
 
-def load_adapter(model: nn.Module, path: str | Path) -> None:
-    """Copy tensors saved by ``save_adapter`` into ``model``, which must have the same adapter applied."""
+def base_fingerprint(model: nn.Module) -> str:
+    """A short hash of the frozen base model: the names, shapes and dtypes of its frozen tensors, and
+    the first and last 16 values of each (enough to tell two checkpoints of one architecture apart,
+    without hashing every weight of a large model)."""
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            flat = p.detach().reshape(-1)
+            ends = torch.cat([flat[:16], flat[-16:]]).float().cpu()
+            digest.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+            digest.update(ends.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def load_adapter(model: nn.Module, path: str | Path, *, other_base: bool = False) -> None:
+    """Copy tensors saved by ``save_adapter`` into ``model``, which must have the same adapter applied.
+
+    Everything is checked before anything is copied, so a file that does not fit leaves the model as
+    it was. An adapter trained on another base model (other weights of the same shape: the recorded
+    ``base_fingerprint`` differs) is refused unless ``other_base=True`` says that is what you want.
+    """
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -178,10 +201,19 @@ def load_adapter(model: nn.Module, path: str | Path) -> None:
             f"{path.name} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]} "
             "(apply the same method with the same settings before loading)"
         )
+    with safe_open(str(path), framework="pt") as f:
+        recorded = (f.metadata() or {}).get("llmedu.base")
+    if recorded is not None and not other_base and recorded != base_fingerprint(model):
+        raise ValueError(
+            f"{path.name} was trained on another base model (fingerprint {recorded}, this model's "
+            f"{base_fingerprint(model)}): load the base it was trained on, or pass other_base=True"
+        )
+    wrong = [(n, t.shape, params[n].shape) for n, t in tensors.items() if params[n].shape != t.shape]
+    if wrong:  # checked for every tensor before any is copied: no half-loaded model
+        name, theirs, ours = wrong[0]
+        raise ValueError(f"{name}: the file holds {tuple(theirs)}, the model {tuple(ours)} ({len(wrong)} such)")
     with torch.no_grad():
         for name, tensor in tensors.items():
-            if params[name].shape != tensor.shape:
-                raise ValueError(f"{name}: the file holds {tuple(tensor.shape)}, the model {tuple(params[name].shape)}")
             params[name].copy_(tensor)
 
 
