@@ -207,7 +207,10 @@ def _optimizer_state(path: Path, optimizer: torch.optim.Optimizer, tensors: dict
     params = [p for group in ours for p in group["params"]]  # the state dict numbers them in this order
     for index, per_param in state.items():
         for name, value in per_param.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[index].shape:
+            # a per-element state (Adam's moments) must be laid out as its parameter; other shapes
+            # (8-bit Adam's codes and per-block scales) are the optimizer's own to check on loading
+            per_element = isinstance(value, torch.Tensor) and value.numel() == params[index].numel() > 1
+            if per_element and value.shape != params[index].shape:
                 raise CheckpointError(
                     f"{path}: optimizer state {name} of parameter {index} is {tuple(value.shape)}, the parameter {tuple(params[index].shape)}"
                 )
