@@ -10,8 +10,9 @@ The library is the curriculum: each folder is one arc of the course, each file o
     data         corpora, labelled tasks and reference files, read offline after ``python -m llmedu.data fetch``;
                  packing and masking for masked-LM pretraining
     memory       where the bytes of a training step go: measured, estimated, simulated
+    optim        AdamW from scratch, and 8-bit AdamW (block-wise quantized moments)
     train        the trainer (budget, accumulation, precision, clipping, schedules, checkpoints), loss
-                 scaling and master weights, activation recomputation
+                 scaling and master weights, simulated fp8, activation recomputation
     parallel     many processes: launch, collectives from send/recv, data/tensor/pipeline parallelism,
                  the DP x TP x PP mesh, ZeRO-1/2/3, ZeRO-Offload, per-rank event logs
     kernels      FlashAttention-2 written out tile by tile (forward and backward)
