@@ -69,6 +69,10 @@ def _worker():
         | {str(u.shard.device) for u in zero.units},
         "device_dtype": {str(u.flat.dtype) for u in zero.units},
     }
+    partly_frozen, _ = _model()
+    partly_frozen[0].requires_grad_(False)  # the input layer: whole on the device in bf16, nothing on the host
+    frozen_n = sum(p.numel() for p in partly_frozen[0].parameters())
+    out["partly frozen"] = (n - frozen_n, frozen_n, ZeROOffload(partly_frozen, lr=LR).placement())
     errors = {}
     for name, make in {
         "stage3": lambda: ZeRO(_model()[0], 3, host="cpu"),
@@ -93,5 +97,8 @@ def test_offload_matches_mixed_precision_adamw_and_puts_bytes_on_the_host():
         assert place["host"]["master weights"] == pytest.approx(4 * n / world, rel=0.01)
         assert place["host"]["gradients"] == pytest.approx(4 * n / world, rel=0.01)
         assert place["host"]["optimizer"] == pytest.approx(8 * n / world, rel=0.01)
+        trainable, frozen, place = out["partly frozen"]
+        assert place["device"]["parameters"] == pytest.approx(2 * (trainable + frozen), rel=0.01)
+        assert place["host"]["master weights"] == pytest.approx(4 * trainable / world, rel=0.01)
         assert "stage 2 only" in errors["stage3"]
         assert "must be a CPU device" in errors["host"]

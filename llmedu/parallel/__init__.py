@@ -8,7 +8,8 @@ data_parallel   naive data parallelism and DDP from scratch (buckets, overlap, n
 tensor_parallel Megatron-LM's column/row split: MLP, attention, vocab-parallel embedding and loss
 pipeline_parallel  stages, micro-batches, and the naive, GPipe and 1F1B schedules
 mesh            DP x TP x PP process groups from one world, and training with any layout
-zero_unit       one module's parameters as one flat buffer, padded, sharded across ranks, gathered
+zero_unit       one module's parameters as one flat buffer, padded, sharded across ranks, gathered;
+                which unit owns each parameter (a tied one exactly once, a frozen one none)
 zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
 offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
 events          spans of compute and communication on each rank, for the timelines

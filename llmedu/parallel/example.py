@@ -38,8 +38,7 @@ LAYOUTS = ("ddp", "zero1", "zero2", "zero3", "3d")
 
 
 def _config(d_model: int, layers: int) -> TransformerConfig:
-    # untied embeddings: ZeRO shards each unit's parameters on its own and does not share a tied weight
-    return TransformerConfig.gpt2(vocab_size=256, d_model=d_model, n_layers=layers, n_heads=4, tie_embeddings=False)
+    return TransformerConfig.gpt2(vocab_size=256, d_model=d_model, n_layers=layers, n_heads=4)  # tied embeddings
 
 
 def train(

@@ -58,6 +58,7 @@ class ZeROOffload(ZeRO):
 
         Counted from the tensors themselves (each storage once), not from a formula. Device
         gradients exist only transiently, one unit at a time, during backward: they are not here.
+        Frozen parameters (LoRA's base weights) are device parameters, whole in the compute dtype.
         """
         seen: set[int] = set()
 
@@ -72,7 +73,7 @@ class ZeROOffload(ZeRO):
 
         state = [v for s in self.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         return {
-            "device": {"parameters": nbytes(u.flat for u in self.units)},
+            "device": {"parameters": nbytes([*(u.flat for u in self.units), *self.frozen])},  # frozen: whole
             "host": {
                 "master weights": nbytes(u.shard for u in self.units),
                 "gradients": nbytes(u.shard.grad for u in self.units),

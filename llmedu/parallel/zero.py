@@ -36,9 +36,20 @@ gradients in forward and backward; gradients are reduced in fp32. Gradient accum
 backward several times, then ``step()``. Clipping: the global norm is the square root of the sum,
 over ranks, of each shard's squared norm.
 
+Frozen parameters (``requires_grad=False``, say the base weights under LoRA) have no gradient and
+no optimizer state, so there is nothing of theirs to shard in stages 1 and 2: they stay in their
+modules, whole on every rank (broadcast from rank 0 once, cast to the compute dtype), outside
+every unit, and cost no communication per step. Stage 3 keeps them whole too, which is simple but
+gives up stage 3's saving on them: per rank 2Ψ_f + (2 + 2 + K)Ψ_t/N bytes in mixed precision (Ψ_f
+frozen, Ψ_t trainable), and under LoRA Ψ_f is nearly all of Ψ (FSDP shards frozen parameters as
+well: gathered for forward and backward, never reduced). A tied parameter (one tensor held by two
+submodules, GPT-2's embedding and output head) belongs to one unit (``assign_parameters``, in
+``zero_unit.py``): stored, reduced and stepped once; both holders get views of the same gathered
+elements, and autograd adds the gradients of the two uses.
+
 Left out: overlapping the reduce-scatter with backward compute in buckets (DeepSpeed's IPG
 buckets; we reduce one unit at a time, synchronously), per-parameter-group hyperparameters
-(one group of shards), tied weights shared between units, offloading parameters or to NVMe
+(one group of shards), sharding frozen parameters (stage 3), offloading parameters or to NVMe
 (``host=`` moves the optimizer to the CPU: ``offload.py``), sharded checkpoints. The production
 peers are ``torch.distributed.optim.ZeroRedundancyOptimizer`` (stage 1) and FSDP2's ``fully_shard``
 (stage 3); the tests compare with both.
@@ -50,13 +61,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .zero_unit import ZeROUnit
+from ..optim import adamw
+from .zero_unit import Holders, ZeROUnit, assign_parameters
 
 __all__ = ["ZeRO", "ELEMENTWISE_OPTIMIZERS"]
 
 # An optimizer can be sharded by elements only if each element's update reads nothing but that
 # element's parameter, gradient and state. These do; LBFGS (a line search over the whole vector),
-# Adafactor-like factored moments or Shampoo do not.
+# Adafactor-like factored moments, Shampoo, or 8-bit Adam's block-wise scales (llmedu.optim.AdamW8bit) do not.
 ELEMENTWISE_OPTIMIZERS = (
     torch.optim.SGD,
     torch.optim.Adam,
@@ -66,6 +78,7 @@ ELEMENTWISE_OPTIMIZERS = (
     torch.optim.RMSprop,
     torch.optim.NAdam,
     torch.optim.RAdam,
+    adamw.AdamW,  # ours, from scratch (llmedu.optim)
 )
 
 
@@ -92,7 +105,9 @@ class ZeRO(nn.Module):
     ``optimizer_class(**optimizer_kwargs)`` is built over this rank's fp32 shards; it must be
     element-wise (``ELEMENTWISE_OPTIMIZERS``). ``units`` are the submodules whose parameters are
     gathered and reduced together (default: every child of every ``nn.ModuleList``, i.e. the
-    layers); the root takes the rest. Use it like a model plus an optimizer::
+    layers); the root takes the rest, and any weight tied across units. Frozen parameters stay whole
+    in their modules. ``module`` is taken over: use it only through the wrapper. Use it like a model
+    plus an optimizer::
 
         zero = ZeRO(model, stage=2, lr=1e-3)
         for micro in batches: zero(micro).loss.div(len(batches)).backward()
@@ -120,7 +135,7 @@ class ZeRO(nn.Module):
             raise TypeError(
                 f"cannot shard {getattr(optimizer_class, '__name__', optimizer_class)!r}: ZeRO splits every tensor "
                 "across ranks, so each element's update must depend on that element alone; pass an optimizer class "
-                f"among {[c.__name__ for c in ELEMENTWISE_OPTIMIZERS]}"
+                f"among {[f'{c.__module__}.{c.__name__}' for c in ELEMENTWISE_OPTIMIZERS]}"
             )
         if not dist.is_initialized():
             raise RuntimeError(
@@ -133,13 +148,20 @@ class ZeRO(nn.Module):
         if host is not None and stage != 2:
             raise ValueError(f"the optimizer can be offloaded with stage 2 only (ZeRO-Offload), got stage {stage}")
         self.host = None if host is None else torch.device(host)  # master shards + optimizer live here
-        self._taken: set[int] = set()  # id() of every parameter a unit has taken
         if units is None:
             units = [c for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
-        self.units = [self._make_unit(m) for m in [*units, module]]  # the root last
-        self.units = [u for u in self.units if u.numel > 0]
+        modules = [*units, module]  # the root last
+        self.units = [self._make_unit(m, params) for m, params in zip(modules, assign_parameters(modules)) if params]
         if not self.units:
-            raise ValueError("the module has no parameters that require gradients")
+            raise ValueError(
+                "nothing to train: every parameter of the module is frozen (requires_grad=False), or it has none; "
+                "ZeRO shards the trainable parameters and their optimizer state"
+            )
+        self.frozen = [p for p in module.parameters() if not p.requires_grad]  # left in their modules, whole
+        for p in self.frozen:  # one copy per rank, the same on all, in the dtype the computation runs in
+            if p.is_floating_point():
+                p.data = p.data.to(compute_dtype)
+            dist.broadcast(p.data, group=group, group_src=0)
         self.shards = nn.ParameterList(u.shard for u in self.units)  # (S,) fp32 master weights of this rank
         # (N·S,) full copies in the compute dtype, stages 1 and 2 only
         self.fulls = nn.ParameterList(u.flat for u in self.units) if stage < 3 else None
@@ -150,29 +172,17 @@ class ZeRO(nn.Module):
             if stage == 3:
                 self._hooks.append(unit.module.register_forward_hook(lambda m, a, o, u=unit: self._after_forward(u)))
 
-    def _make_unit(self, module: nn.Module) -> ZeROUnit:
-        """Take the parameters of ``module`` (not yet taken) out of it: they become one unit's flat buffer."""
-        entries, tensors = [], []
-        for owner in module.modules():  # (parameters taken by an earlier unit are gone from the modules)
-            for name, p in list(owner._parameters.items()):
-                if p is None:
-                    continue
-                if not p.requires_grad:
-                    raise ValueError(f"frozen parameter {name!r} in {type(owner).__name__}: ZeRO shards trainable ones")
-                if id(p) in self._taken:
-                    raise ValueError(f"parameter {name!r} is shared (tied weights): not supported by this ZeRO")
-                self._taken.add(id(p))
-                entries.append((owner, name, p.shape))
-                tensors.append(p)
+    def _make_unit(self, module: nn.Module, params: list[tuple[nn.Parameter, Holders]]) -> ZeROUnit:
+        """Take ``params``, assigned to ``module``, out of every submodule that holds them: one unit's flat buffer."""
+        for _, holders in params:
+            for owner, name in holders:  # two of them for a tied weight
                 del owner._parameters[name]  # the wrapper owns it now; the hook sets a view before forward
                 setattr(owner, name, None)
-        return ZeROUnit(
-            module, entries, tensors, stage=self.stage, compute_dtype=self.dtype, group=self.group, host=self.host
-        )
+        return ZeROUnit(module, params, stage=self.stage, compute_dtype=self.dtype, group=self.group, host=self.host)
 
     # -- forward: hand each submodule views of its unit's full buffer ---------------------------
     def _before_forward(self, unit: ZeROUnit) -> None:
-        for owner, name, _ in unit.entries:
+        for owner, name in unit.attributes:
             if name in owner._parameters:
                 raise RuntimeError(
                     f"{type(owner).__name__}.{name} was replaced by a new parameter outside ZeRO: the wrapper owns "
@@ -191,7 +201,7 @@ class ZeRO(nn.Module):
             flat = unit.full() if self.stage == 3 else unit.flat.detach()
         if self.stage == 3 and self.prefetch:
             nxt = self.units.index(unit) + 1
-            if nxt < len(self.units) - 1:  # (the root, last, is gathered first anyway)
+            if nxt < len(self.units) and self.units[nxt].module is not self.module:  # (the root is gathered first)
                 self.units[nxt].start_gather()
         for owner, name, view in unit.views(flat):
             setattr(owner, name, view)
@@ -201,7 +211,7 @@ class ZeRO(nn.Module):
     def _after_forward(self, unit: ZeROUnit) -> None:
         """Stage 3: drop the full parameters; backward regathers what autograd saved of them."""
         unit.unhook_saved_tensors()
-        for owner, name, _ in unit.entries:
+        for owner, name in unit.attributes:
             setattr(owner, name, None)
         unit.release()
 
@@ -217,7 +227,7 @@ class ZeRO(nn.Module):
         def unpack(saved):
             if not (isinstance(saved, tuple) and saved and saved[0] == "zero-param"):
                 return saved
-            if self.prefetch and index > 0 and unit is not self.units[-1]:
+            if self.prefetch and index > 0 and unit.module is not self.module:
                 self.units[index - 1].start_gather()  # backward runs the units in reverse
             return unit.full().as_strided(saved[1], saved[2], saved[3])
 
@@ -270,7 +280,10 @@ class ZeRO(nn.Module):
     # -- for checks and checkpoints ---------------------------------------------------------------
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter, full and fp32, by its name in the wrapped module (a collective: all ranks call it)."""
+        """Every parameter, full and fp32, by its name(s) in the wrapped module (a collective: all ranks call it).
+
+        A tied weight appears under each of its names, as in ``module.state_dict()``.
+        """
         names = {id(m): n for n, m in self.module.named_modules()}
         out = {}
         for unit in self.units:
@@ -279,4 +292,6 @@ class ZeRO(nn.Module):
             for owner, name, view in unit.views(flat):
                 prefix = names[id(owner)]
                 out[f"{prefix}.{name}" if prefix else name] = view.clone()
+        for name, p in self.module.named_parameters(remove_duplicate=False):  # what is left: the frozen ones
+            out[name] = p.detach().float().clone()
         return out

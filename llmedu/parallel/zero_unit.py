@@ -9,8 +9,10 @@ S = ceil(Ψ_u / N), so that any sizes work; rank r owns elements [r·S, (r+1)·S
 A ``ZeROUnit`` holds that state and the collectives that move it: ``full()`` all-gathers the shards
 into the full buffer (stage 3, just before the unit is used), ``release()`` drops it, and
 ``reduce_scatter()`` turns this rank's gradient of the full buffer into the average of its shard.
-Which modules form units, and when a unit's parameters are gathered and handed to its submodules,
-is ``ZeRO``'s business.
+
+Which unit owns which parameter is ``assign_parameters``: each trainable parameter exactly once,
+even when two submodules hold it (tied weights), and frozen ones not at all. Which modules form
+units, and when a unit's parameters are gathered and handed to its submodules, is ``ZeRO``'s business.
 """
 
 from __future__ import annotations
@@ -21,34 +23,73 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["ZeROUnit"]
+__all__ = ["ZeROUnit", "assign_parameters"]
+
+Holders = list[tuple[nn.Module, str]]  # every (submodule, attribute name) under which one parameter is held
+
+
+def assign_parameters(modules: list[nn.Module]) -> list[list[tuple[nn.Parameter, Holders]]]:
+    """For each of ``modules`` (the units, the root last): the trainable parameters it owns, with their holders.
+
+    A parameter goes to the first module whose subtree contains *every* holder of it. Untied, that
+    is the first unit that holds it; tied across units (GPT-2's output head shares the embedding
+    matrix), a unit above both uses, the root at worst, which is gathered around every use (stage 3).
+    Either way it is stored, gathered, reduced and stepped once, and autograd sums the gradients of
+    its uses, because each holder is handed a view of the same buffer. Frozen parameters
+    (``requires_grad=False``) are assigned to no unit: ``ZeRO`` leaves them in their modules.
+    """
+    owners = {id(o): o for m in modules for o in m.modules()}.values()  # each submodule once
+    holders: dict[int, Holders] = {}
+    for owner in owners:
+        for name, p in owner._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), []).append((owner, name))
+    taken: set[int] = set()
+    assignment = []
+    for module in modules:
+        inside = {id(m) for m in module.modules()}
+        mine = []
+        for owner in module.modules():
+            for p in owner._parameters.values():
+                if p is None or not p.requires_grad or id(p) in taken:
+                    continue
+                if all(id(holder) in inside for holder, _ in holders[id(p)]):
+                    taken.add(id(p))
+                    mine.append((p, holders[id(p)]))
+        assignment.append(mine)
+    return assignment
 
 
 class ZeROUnit:
-    """The parameters of ``module`` (``tensors``, named by ``entries``) as one flat buffer and this rank's shard.
+    """The parameters of ``module`` as one flat buffer and this rank's shard.
 
-    ``entries`` are ``(owner, name, shape)``: the submodule each tensor came from, and under what
-    name, so that views of the flat buffer can be handed back to it. ``stage`` (1, 2 or 3) decides
-    what is kept: stages 1 and 2 a persistent full copy in ``compute_dtype``, stage 3 only the shard.
+    ``params`` are ``(parameter, holders)``, as ``assign_parameters`` gives them: the holders are the
+    submodules that had the parameter and under what name, so that a view of the flat buffer can be
+    handed back to each (two holders of a tied weight get views of the same elements). ``stage``
+    (1, 2 or 3) decides what is kept: stages 1 and 2 a persistent full copy in ``compute_dtype``,
+    stage 3 only the shard.
     ``host`` (ZeRO-Offload) puts the fp32 master shard in host memory, pinned when it comes from a GPU.
     """
 
     def __init__(
         self,
         module: nn.Module,
-        entries: list[tuple[nn.Module, str, torch.Size]],
-        tensors: list[torch.Tensor],
+        params: list[tuple[torch.Tensor, Holders]],
         *,
         stage: int,
         compute_dtype: torch.dtype,
         group: dist.ProcessGroup | None,
         host: torch.device | None,
     ):
-        self.module, self.entries, self.stage = module, entries, stage
+        tensors = [p for p, _ in params]
+        self.module, self.stage = module, stage
+        self.holders = [holders for _, holders in params]  # per parameter: every (owner, name) that holds it
+        self.attributes = [pair for holders in self.holders for pair in holders]  # all of them, flat
+        self.shapes = [p.shape for p in tensors]
         self.device = tensors[0].device if tensors else torch.device("cpu")  # where compute and collectives run
         self.dtype, self.group = compute_dtype, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.sizes = [math.prod(shape) for _, _, shape in entries]
+        self.sizes = [math.prod(shape) for shape in self.shapes]
         self.numel = sum(self.sizes)
         self.shard_size = -(-self.numel // self.world)  # S = ceil(Ψ_unit / N)
         self.padding = self.shard_size * self.world - self.numel
@@ -80,9 +121,13 @@ class ZeROUnit:
         return flat[self.rank * self.shard_size : (self.rank + 1) * self.shard_size]
 
     def views(self, flat: torch.Tensor) -> list[tuple[nn.Module, str, torch.Tensor]]:
-        """(N·S,) buffer -> ``(owner, name, view)`` for each parameter, shaped as the parameter."""
+        """(N·S,) buffer -> ``(owner, name, view)`` for each holder of each parameter, shaped as the parameter."""
         pieces = flat.split(self.sizes + [self.padding])
-        return [(owner, name, piece.view(shape)) for (owner, name, shape), piece in zip(self.entries, pieces)]
+        return [
+            (owner, name, piece.view(shape))
+            for holders, shape, piece in zip(self.holders, self.shapes, pieces)
+            for owner, name in holders
+        ]
 
     # -- catching changes made behind the wrapper's back --------------------------------------------
     def versions_now(self) -> tuple[int, ...]:
