@@ -115,3 +115,33 @@ def test_buckets_fill_last_parameter_first():
     assert assign_buckets([1, 2, 3], 1000) == [[2, 1, 0]]
     with pytest.raises(ValueError, match="positive"):
         assign_buckets([1], 0)
+
+
+def _mismatched_models() -> list[str]:
+    rank = dist.get_rank()
+    models = [
+        nn.Linear(4, 2) if rank == 0 else nn.Linear(6, 2),  # another shape
+        nn.Sequential(nn.Linear(2, 2), *([nn.Linear(2, 2)] if rank == 1 else [])),  # a layer more
+        nn.Linear(2, 2) if rank == 0 else nn.Linear(2, 2).double(),  # another dtype
+    ]
+    messages = []
+    for model in models:
+        try:
+            DDP(model)
+        except RuntimeError as err:
+            messages.append(str(err))
+    return messages
+
+
+def test_ranks_with_different_models_raise_naming_the_first_difference():
+    # every rank sees every signature, so all raise together and none waits in a broadcast
+    for messages in launch(_mismatched_models, 2, echo=False):
+        assert len(messages) == 3, messages
+        shape, count, dtype = messages
+        assert "the ranks hold different models" in shape
+        assert (
+            "tensor #0 is parameter 'weight' of shape (2, 4), float32 on rank 0 "
+            "but parameter 'weight' of shape (2, 6), float32 on rank 1" in shape
+        )
+        assert "tensor #2 is missing on rank 0 but parameter '1.weight' of shape (2, 2), float32 on rank 1" in count
+        assert "float32 on rank 0 but parameter 'weight' of shape (2, 2), float64 on rank 1" in dtype

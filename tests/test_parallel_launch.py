@@ -1,20 +1,34 @@
 """launch(): real processes, results in rank order, failures and hangs reported, nothing left behind.
 
 Workers are defined inside the tests, as they would be in a notebook cell: launch must serialise
-them by value. The same worker file also runs under torchrun.
+them by value. The same worker file also runs under torchrun. Each fault test injects the fault
+(an exception, SIGKILL, ``os._exit``, a rank that stalls, a launcher that is killed) and checks
+that the error names the rank to blame and that no process of ours survives it.
 """
 
+import inspect
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
 from llmedu.parallel import WorkerError, launch
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    yield
+    left = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left running: {left}"
 
 
 def _gone(pid: int) -> bool:
@@ -127,3 +141,108 @@ def test_the_same_worker_runs_under_torchrun(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("got [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]") == 2, proc.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "death, words",
+    [("sigkill", "died, killed by signal 9 (SIGKILL"), ("exit", "died, exited with code 3, leaving no traceback")],
+)
+def test_a_rank_that_dies_without_a_traceback_is_blamed_not_the_survivor(tmp_path, death, words):
+    def worker(folder):
+        if dist.get_rank() == 1:
+            print("about to die")
+            (folder / "died_at").write_text(str(time.time()))
+            if death == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)  # what the out-of-memory killer does
+            os._exit(3)
+        dist.barrier()  # rank 0 then fails with "connection closed by peer": a consequence
+
+    with pytest.raises(WorkerError) as info:
+        launch(worker, 2, tmp_path, echo=False)
+    reported = time.time() - float((tmp_path / "died_at").read_text())
+    assert info.value.rank == 1
+    assert str(info.value).startswith("rank 1 " + words), str(info.value)
+    assert "Its last output:\nabout to die" in str(info.value)
+    assert reported < 10  # noticed when it happened, not when a collective timed out
+
+
+def test_the_default_collective_timeout_is_30_seconds():
+    assert inspect.signature(launch).parameters["timeout"].default == 30.0
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_stalled_outside_collectives_is_shown_where_it_stalls(tmp_path):
+    def worker():
+        if dist.get_rank() == 1:
+            time.sleep(1e6)  # stalls outside any collective: only its peer's timeout can tell
+        dist.barrier()
+
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 0 failed") as info:
+        launch(worker, 2, timeout=2, echo=False)
+    message = str(info.value)
+    assert "waited longer than timeout=2 s" in message
+    assert "Rank 1 was still running when it gave up:" in message
+    assert "time.sleep(1e6)" not in message and "in worker" in message  # its Python stack
+    assert time.monotonic() - start < 40
+
+
+@pytest.mark.timeout(60)
+def test_a_deadline_stops_ranks_that_never_finish_and_names_them():
+    def worker():
+        if dist.get_rank() > 0:
+            time.sleep(1e6)  # rank 0 returns; nobody waits for the others, so no timeout fires
+        return dist.get_rank()
+
+    with pytest.raises(WorkerError, match="rank 1 did not finish in time") as info:
+        launch(worker, 3, deadline=4, echo=False)
+    assert "deadline=4 s after start-up reached with ranks 1, 2 still running" in str(info.value)
+    assert "[rank 2]" in str(info.value) and "in worker" in str(info.value)
+    with pytest.raises(ValueError, match="deadline"):
+        launch(worker, 2, deadline=0)
+
+
+@pytest.mark.timeout(90)
+def test_ranks_die_with_their_launcher_and_the_next_launch_removes_its_folder(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, time
+        from pathlib import Path
+        from llmedu.parallel import launch
+
+        def worker():
+            Path({str(tmp_path)!r}, f"pid{{os.environ['RANK']}}").write_text(str(os.getpid()))
+            time.sleep(1e6)
+
+        launch(worker, 2)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL)
+    while len(list(tmp_path.glob("pid*"))) < 2:  # both ranks are running the worker
+        assert launcher.poll() is None, "the launcher exited early"
+        time.sleep(0.1)
+    ranks = [psutil.Process(pid) for pid in _pids(tmp_path)]
+    (folder,) = Path(tempfile.gettempdir()).glob(f"llmedu-launch-{launcher.pid}-*")
+    launcher.kill()  # as a restarted kernel or the OOM killer would: no cleanup runs
+    launcher.wait()
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive, f"ranks outlived their launcher: {alive}"
+    # its folder is left behind until the next launch (any launch on this machine) removes it
+    assert launch(lambda: 7, 1, echo=False) == [7]
+    assert not folder.exists()
+
+
+@pytest.mark.timeout(60)
+def test_without_prctl_a_rank_exits_when_its_stdin_ends():
+    # the portable fallback of exit_with_parent: the launcher holds the only write end of stdin
+    code = (
+        "import threading, time\n"
+        "from llmedu.parallel.processes import _exit_at_end_of_stdin\n"
+        "threading.Thread(target=_exit_at_end_of_stdin, daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(1e6)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"ready\n"
+    child.stdin.close()  # what the kernel does when the launcher dies
+    assert child.wait(timeout=10) == 1
+    child.stdout.close()

@@ -19,6 +19,9 @@ backward goes on computing the gradients of earlier layers. ``finish_gradient_sy
 for the last all-reduces before ``optimizer.step()``; ``no_sync()`` skips communication for
 gradient accumulation.
 
+Both wrappers first check that every rank holds the same model (``check_same_model``): the
+broadcast pairs tensors by position only, and would otherwise mix mismatched ones silently.
+
 Both wrappers log compute and communication spans (seconds since the log was started) for the
 per-rank timeline in ``llmedu.viz.timeline``.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import zip_longest
 
 import torch
 import torch.distributed as dist
@@ -38,7 +42,38 @@ from torch import nn
 
 from .events import EventLog
 
-__all__ = ["NaiveDataParallel", "DDP", "assign_buckets", "hidden_communication"]
+__all__ = ["NaiveDataParallel", "DDP", "assign_buckets", "check_same_model", "hidden_communication"]
+
+
+def check_same_model(module: nn.Module) -> None:
+    """Raise on every rank unless all ranks hold tensors of the same names, shapes and dtypes.
+
+    The broadcast and the all-reduces pair tensors up by position alone: a ``Linear(4, 2)`` on
+    one rank and a ``Linear(6, 2)`` on another would exchange garbage without a word. Each rank
+    sends a small signature of its model to all (as torch's DDP does at construction), so all
+    ranks see the same difference and raise together instead of waiting for one another.
+    """
+    mine = [
+        (kind, name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.requires_grad)
+        for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers()))
+        for name, t in named
+    ]
+    everyone: list[list[tuple] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        for index, (first, other) in enumerate(zip_longest(everyone[0], theirs)):  # None past the end
+            if first != other:
+                raise RuntimeError(
+                    "the ranks hold different models (data parallelism needs the same on every rank): "
+                    f"tensor #{index} is {_describe(first)} on rank 0 but {_describe(other)} on rank {rank}"
+                )
+
+
+def _describe(entry: tuple | None) -> str:
+    if entry is None:
+        return "missing"
+    kind, name, shape, dtype, requires_grad = entry
+    return f"{kind} {name!r} of shape {shape}, {dtype}{'' if requires_grad or kind == 'buffer' else ', frozen'}"
 
 
 class _DataParallel(nn.Module):
@@ -51,6 +86,7 @@ class _DataParallel(nn.Module):
         self.module = module
         self.log = EventLog()
         self.world_size = dist.get_world_size()
+        check_same_model(module)  # before the broadcast, which would pair up mismatched tensors
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0)  # rank 0's initialisation wins everywhere

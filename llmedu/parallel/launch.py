@@ -12,8 +12,10 @@ stand in the way, and this file is how they are solved:
 
 Each child gets the environment ``torchrun`` would give it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the group with ``env://``, so the
-worker cannot tell the two launchers apart. Under ``torchrun`` itself, ``launch`` notices the
-environment and runs the worker in the current process instead of starting new ones::
+worker cannot tell the two launchers apart. As torchrun's agent does, the launcher itself hosts
+the rendezvous store on a port the OS picks while binding it, so two launches never race for a
+port. Under ``torchrun`` itself, ``launch`` notices the environment and runs the worker in the
+current process instead of starting new ones::
 
     # train.py, run as  torchrun --nproc-per-node 2 train.py
     def worker(steps):
@@ -21,9 +23,27 @@ environment and runs the worker in the current process instead of starting new o
     if __name__ == "__main__":
         print(launch(worker, 2, steps=10))   # same list on every rank
 
-The backend is NCCL when every rank can have its own GPU, gloo otherwise. A rank that raises
-makes ``launch`` raise at once with that rank's traceback (the other ranks are killed); a
-collective that waits longer than ``timeout`` seconds fails with a message that says so.
+The backend is NCCL when every rank can have its own GPU, gloo otherwise.
+
+What happens when something goes wrong (every rank is stopped and reaped before ``launch``
+raises ``WorkerError``, which names the rank to blame):
+
+* A rank **raises**: its traceback, at once. When several raise, the first to do so is the
+  cause; the others usually only lost their connection to it.
+* A rank **dies without a traceback** (SIGKILL from the out-of-memory killer, ``os._exit``,
+  a crash in C++): it is blamed, with its exit status and last lines of output, ahead of the
+  survivors whose collectives then failed.
+* A rank **hangs**: a collective that waits longer than ``timeout`` seconds (default 30) fails
+  in the ranks that wait, and the ranks still running are asked where they are (their Python
+  stacks). A rank stalled with no peer waiting for it can only be caught by ``deadline``:
+  seconds, counted once every rank has started, after which ``launch`` stops every rank and
+  names those still running. It is off by default, as a training run may rightly take days.
+* The **launcher dies** (a restarted kernel): its ranks die with it, and its temporary folder
+  is removed by the next launch (``processes.py``).
+
+Start-up does not count against ``timeout``: ranks wait for each other without limit before
+joining the group, as importing PyTorch on a busy machine takes as long as it takes, and a
+rank that dies meanwhile is noticed at once.
 
 Left out: several machines (use ``torchrun``), restarts on failure (torchelastic), Windows.
 """
@@ -33,12 +53,9 @@ from __future__ import annotations
 import datetime
 import gc
 import os
-import selectors
-import signal
-import socket
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -49,17 +66,21 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from .processes import Relay, describe_exit, exit_with_parent, job_folder, stacks, stop, watch_for_stack_requests
+
 __all__ = ["launch", "WorkerError"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_TIMEOUT_HINT = "A collective waited longer than timeout="
+_EVERYONE_STARTED = "llmedu/everyone started"  # key of the start-up barrier in the launcher's store
 
 
 class WorkerError(RuntimeError):
-    """A rank failed: raised in the parent with the rank number and its traceback."""
+    """A rank failed: raised in the parent with the rank to blame and what it left behind."""
 
-    def __init__(self, rank: int, detail: str):
+    def __init__(self, rank: int, detail: str, headline: str = "failed:"):
         self.rank = rank
-        super().__init__(f"rank {rank} failed:\n{detail}")
+        super().__init__(f"rank {rank} {headline}\n{detail}")
 
 
 def launch(
@@ -67,7 +88,8 @@ def launch(
     world_size: int,
     *args: Any,
     backend: str | None = None,
-    timeout: float = 60.0,
+    timeout: float = 30.0,
+    deadline: float | None = None,
     echo: bool = True,
     **kwargs: Any,
 ) -> list[Any]:
@@ -76,9 +98,10 @@ def launch(
     Inside the worker, ``torch.distributed`` is initialised: ``dist.get_rank()`` and
     ``dist.get_world_size()`` say who it is. Return values travel back pickled, so return CPU
     tensors or plain Python. ``backend`` is ``"nccl"`` or ``"gloo"`` (default: nccl if there
-    is a GPU per rank). ``timeout`` bounds every collective, in seconds. ``echo`` prints each
-    rank's output prefixed by ``[rank r]``. The names ``backend``, ``timeout`` and ``echo`` are
-    therefore not passed on to the worker.
+    is a GPU per rank). ``timeout`` bounds every collective, in seconds. ``deadline``, if given,
+    bounds the worker's run, in seconds from when every rank has started (new processes only). ``echo`` prints
+    each rank's output prefixed by ``[rank r]``. The names ``backend``, ``timeout``,
+    ``deadline`` and ``echo`` are therefore not passed on to the worker.
     """
     if not callable(worker):
         raise TypeError(f"worker must be a function, got {type(worker).__name__}")
@@ -86,6 +109,8 @@ def launch(
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    if deadline is not None and deadline <= 0:
+        raise ValueError(f"deadline must be positive seconds or None, got {deadline!r}")
     if backend not in (None, "gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
 
@@ -93,9 +118,8 @@ def launch(
         # torchrun gives each local rank its own GPU (possibly across machines): NCCL if there are GPUs
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         return _run_in_this_process(worker, world_size, args, kwargs, backend, timeout)
-    return _run_in_new_processes(
-        worker, world_size, args, kwargs, backend or default_backend(world_size), timeout, echo
-    )
+    backend = backend or default_backend(world_size)
+    return _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, echo)
 
 
 def default_backend(world_size: int) -> str:
@@ -131,38 +155,48 @@ def _join_group(backend: str, timeout: float) -> None:
 
 
 # -- from a notebook: start fresh interpreters -------------------------------------------------
-def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, echo) -> list[Any]:
-    with tempfile.TemporaryDirectory(prefix="llmedu-launch-") as tmp:
-        folder = Path(tmp)
+def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, echo) -> list[Any]:
+    folder = job_folder()
+    # the rendezvous point, hosted here as torchrun's agent hosts it: binding port 0 lets the OS
+    # pick a free port and hold it for us, where "find a free port, let rank 0 bind it later"
+    # races with every other program on the machine that opens a socket meanwhile
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    procs: list[subprocess.Popen] = []
+    try:
         (folder / "job.pkl").write_bytes(cloudpickle.dumps((worker, args, kwargs)))
-        env = _child_environment(world_size, backend, timeout)
+        env = _child_environment(world_size, backend, timeout, store.port)
         code = "from llmedu.parallel.launch import _child_main; _child_main()"
-        procs = []
-        try:
-            for rank in range(world_size):
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", code, str(folder)],
-                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                    )
+        for rank in range(world_size):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code, str(folder)],
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdin=subprocess.PIPE,  # never written: its end of file tells the rank we died
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
                 )
-            _watch(procs, folder, echo)
-        finally:
-            _stop(procs)
+            )
+        _watch(procs, folder, echo, deadline, store)
         return [cloudpickle.loads((folder / f"result{rank}.pkl").read_bytes()) for rank in range(world_size)]
+    finally:
+        stop(procs)
+        for p in procs:
+            p.stdin.close()
+            p.stdout.close()
+        del store
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _child_environment(world_size: int, backend: str, timeout: float) -> dict[str, str]:
+def _child_environment(world_size: int, backend: str, timeout: float, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the store runs in the launcher: every rank is a client
         LLMEDU_BACKEND=backend,
         LLMEDU_TIMEOUT=str(timeout),
+        LLMEDU_PARENT_PID=str(os.getpid()),
         PYTHONUNBUFFERED="1",  # so that each print reaches the notebook when it happens
         # the parent's import path, so that the worker's module (a test file, say) imports there too
         PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path),
@@ -173,91 +207,90 @@ def _child_environment(world_size: int, backend: str, timeout: float) -> dict[st
     return env
 
 
-def _free_port() -> int:
-    """A TCP port nobody listens on now (the OS picks it; rank 0's store binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: float | None, store) -> None:
+    """Relay output until every rank has exited with a result; on a failure, stop all and raise.
+
+    The ``deadline`` counts from the moment every rank has started (the start-up barrier in
+    ``store`` is passed): it bounds the worker, however long start-up took on a busy machine.
+    """
+    relay = Relay(procs, echo)
+    give_up = None
+    while relay.selector.get_map() or any(p.poll() is None for p in procs):
+        relay.pump(wait=0.1)
+        if deadline is not None and give_up is None and store.check([_EVERYONE_STARTED]):
+            give_up = time.monotonic() + deadline
+        failed = [r for r, p in enumerate(procs) if p.poll() is not None and not (folder / f"result{r}.pkl").exists()]
+        late = give_up is not None and time.monotonic() > give_up and any(p.poll() is None for p in procs)
+        if failed or late:
+            rank, headline, detail = _blame(procs, folder, failed, deadline)
+            stop(procs)
+            while relay.pump(wait=0):  # what the ranks wrote before they stopped
+                pass
+            if detail is None:  # no traceback came back: the rank's last words are all there is
+                tail = "\n".join(relay.tails[rank]).strip()
+                detail = f"Its last output:\n{tail}" if tail else "It printed nothing."
+            raise WorkerError(rank, detail, headline)
 
 
-def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool) -> None:
-    """Relay output line by line, prefixed by rank, until every rank has exited; raise on failure."""
-    selector = selectors.DefaultSelector()
-    for rank, p in enumerate(procs):
-        os.set_blocking(p.stdout.fileno(), False)
-        selector.register(p.stdout, selectors.EVENT_READ, rank)
-    partial = [b""] * len(procs)
-    tails: list[list[str]] = [[] for _ in procs]  # last lines of each rank, for a crash report
-    while True:
-        for key, _ in selector.select(timeout=0.1):
-            rank = key.data
-            chunk = key.fileobj.read()
-            if not chunk:  # end of file: the process closed its output
-                selector.unregister(key.fileobj)
-                chunk = b"\n" if partial[rank] else b""
-            *lines, partial[rank] = (partial[rank] + chunk).split(b"\n")
-            for line in lines:
-                text = line.decode(errors="replace")
-                tails[rank] = (tails[rank] + [text])[-20:]
-                if echo:
-                    print(f"[rank {rank}] {text}", flush=True)
-        failed = [rank for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
-        if failed:
-            # When one rank dies, its peers fail moments later with "connection closed by peer".
-            # Give them a moment to do so, then blame the rank whose error came first: the cause.
-            _wait_for_exit(procs, seconds=2.0)
-            _stop(procs)
-            rank = _first_failure(folder, failed)
-            code = procs[rank].returncode
-            error = folder / f"error{rank}.txt"
-            how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            detail = (
-                error.read_text()
-                if error.exists()
-                else (f"{how} and no Python traceback; its last output:\n" + "\n".join(tails[rank]))
-            )
-            raise WorkerError(rank, detail)
-        if all(p.poll() is not None for p in procs) and not selector.get_map():
-            return
+def _blame(procs, folder: Path, failed: list[int], deadline: float | None) -> tuple[int, str, str | None]:
+    """The rank to blame, a headline, and its traceback (None if it left none).
+
+    A rank that died without a traceback (SIGKILL, ``os._exit``, a crash in C++) comes first:
+    its peers fail moments later only because their connection to it closed. Otherwise the
+    first traceback written is the cause. When the failure is a hang, the ranks still running
+    are asked where they are.
+    """
+    running = [r for r, p in enumerate(procs) if p.poll() is None]
+    reports = {int(f.stem[len("error") :]): f for f in folder.glob("error*.txt")}
+    silent = [r for r in failed if r not in reports]
+    if silent:
+        return (
+            silent[0],
+            f"died, {describe_exit(procs[silent[0]].returncode)}, leaving no traceback and no result.",
+            None,
+        )
+    if reports:
+        rank = min(reports, key=lambda r: reports[r].stat().st_mtime_ns)
+        detail = reports[rank].read_text()
+        if _TIMEOUT_HINT in detail and running:
+            detail += _where(procs, running, folder, "still running when it gave up")
+        return rank, "failed:", detail
+    detail = f"deadline={deadline:g} s after start-up reached with {_ranks(running)} still running; all were stopped."
+    return running[0], "did not finish in time:", detail + _where(procs, running, folder, "still running")
 
 
-def _wait_for_exit(procs: list[subprocess.Popen], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        time.sleep(0.05)
+def _where(procs, ranks: list[int], folder: Path, what: str) -> str:
+    """Where the running ``ranks`` are, as the Python stacks they report."""
+    found = stacks({r: procs[r] for r in ranks}, folder)
+    lines = [f"\n\n{_ranks(ranks).capitalize()} {'was' if len(ranks) == 1 else 'were'} {what}:"]
+    for r in ranks:
+        lines += [f"[rank {r}] {line}" for line in found.get(r, "(no stack came back)").strip().splitlines()]
+    return "\n".join(lines)
 
 
-def _first_failure(folder: Path, failed: list[int]) -> int:
-    """The rank whose error report was written first (else the first rank seen to fail)."""
-    reports = {int(f.stem[len("error") :]): f.stat().st_mtime_ns for f in folder.glob("error*.txt")}
-    return min(reports, key=reports.get) if reports else failed[0]
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Terminate whatever is still running, then kill what did not listen; reap everything."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + 5.0
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+def _write(path: Path, data: bytes) -> None:
+    """Write whole or not at all, so that the launcher never reads half a report."""
+    part = path.with_suffix(".part")
+    part.write_bytes(data)
+    os.replace(part, path)
 
 
 def _child_main() -> None:
     """Entry point of each child: join the group, run the worker, leave the result in a file."""
+    exit_with_parent(int(os.environ["LLMEDU_PARENT_PID"]))
     folder = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
+    watch_for_stack_requests(folder / f"stack{rank}.txt")
     timeout = float(os.environ["LLMEDU_TIMEOUT"])
     try:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        worker, args, kwargs = cloudpickle.loads((folder / "job.pkl").read_bytes())  # imports happen here
+        _wait_for_every_rank()
         _join_group(os.environ["LLMEDU_BACKEND"], timeout)
-        worker, args, kwargs = cloudpickle.loads((folder / "job.pkl").read_bytes())
         result = worker(*args, **kwargs)
         payload = cloudpickle.dumps(result)
         del worker, args, kwargs, result
@@ -267,14 +300,25 @@ def _child_main() -> None:
         detail = traceback.format_exc()
         if "timed out" in str(err).lower() or "timeout" in type(err).__name__.lower():
             detail += (
-                f"\nA collective waited longer than timeout={timeout:g} s. Usually the ranks did not "
-                "call the same collectives in the same order (or one rank stopped calling them)."
+                f"\n{_TIMEOUT_HINT}{timeout:g} s. Usually the ranks did not call the same "
+                "collectives in the same order (or one rank stopped calling them)."
             )
-        (folder / f"error{rank}.txt").write_text(detail)
+        _write(folder / f"error{rank}.txt", detail.encode())
         sys.stdout.flush()
         os._exit(1)  # skip atexit handlers that could wait forever on a broken group
-    (folder / f"result{rank}.pkl").write_bytes(payload)
+    _write(folder / f"result{rank}.pkl", payload)
     sys.stdout.flush()
     # the work is done: skip the interpreter's teardown, where C++ threads of the communication
     # library can abort the process if destroyed in the wrong order
     os._exit(0)
+
+
+def _wait_for_every_rank() -> None:
+    """A start-up barrier on the launcher's store, without time limit: a rank still importing
+    PyTorch on a busy machine is worth waiting for, and the launcher notices one that dies."""
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(days=1)
+    )
+    if store.add("llmedu/started", 1) == int(os.environ["WORLD_SIZE"]):
+        store.set(_EVERYONE_STARTED, "")
+    store.wait([_EVERYONE_STARTED])

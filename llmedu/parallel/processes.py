@@ -1,0 +1,160 @@
+"""The operating-system side of ``launch``: rank processes that never outlive their launcher.
+
+``launch`` starts one Python process per rank. Four things can go wrong at the level of
+processes rather than of PyTorch, and each has its answer here:
+
+* **The launcher dies** (its kernel is restarted, the OOM killer picks it). Its ranks would be
+  re-parented to PID 1 and run on forever. Each rank calls ``exit_with_parent`` first thing: on
+  Linux it asks the kernel to SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
+  elsewhere a thread waits for end-of-file on stdin, a pipe whose other end only the parent
+  holds, and the kernel closes that end when the parent dies, however it dies.
+* **The launcher's temporary folder leaks** when it dies. Folders are named with the
+  launcher's PID (``llmedu-launch-<pid>-...``); ``job_folder`` removes those whose PID is no
+  longer alive before it makes a new one.
+* **A rank dies without a word** (SIGKILL, ``os._exit``): ``describe_exit`` turns its exit
+  status into words (``killed by signal 9 (SIGKILL)``).
+* **A rank is stuck** and we want to know where: each rank registers ``faulthandler`` on
+  SIGUSR1, and ``stacks`` asks the stuck ones for their Python stacks before they are stopped.
+
+``stop`` terminates what still runs, kills what does not listen, and reaps every process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["Relay", "job_folder", "exit_with_parent", "describe_exit", "watch_for_stack_requests", "stacks", "stop"]
+
+_PREFIX = "llmedu-launch-"
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+# -- in the launcher ---------------------------------------------------------------------------
+def job_folder() -> Path:
+    """A new temporary folder named after this process; folders of dead launchers are removed."""
+    for old in Path(tempfile.gettempdir()).glob(_PREFIX + "*"):
+        pid = old.name[len(_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)  # another user's folder stays: not ours to remove
+    return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 delivers nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists but belongs to someone else
+    return True
+
+
+def describe_exit(code: int) -> str:
+    """An exit status in words: ``killed by signal 9 (SIGKILL)`` or ``exited with code 3``."""
+    if code < 0:  # subprocess reports death by signal N as -N
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        hint = ", as the out-of-memory killer does" if -code == signal.SIGKILL else ""
+        return f"killed by signal {-code} ({name}{hint})"
+    return f"exited with code {code}"
+
+
+def stacks(procs: dict[int, subprocess.Popen], folder: Path, wait: float = 2.0) -> dict[int, str]:
+    """Ask each running rank for its Python stacks (SIGUSR1); what came back within ``wait`` s."""
+    asked = {}
+    for rank, p in procs.items():
+        if p.poll() is None:
+            p.send_signal(signal.SIGUSR1)
+            asked[rank] = folder / f"stack{rank}.txt"
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not all(f.exists() and f.stat().st_size for f in asked.values()):
+        time.sleep(0.05)  # faulthandler writes from the signal handler, within microseconds of delivery
+    return {rank: f.read_text() for rank, f in asked.items() if f.exists() and f.stat().st_size}
+
+
+def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """Terminate whatever is still running, kill what did not exit within ``grace`` s, reap all.
+
+    Their pipes stay open: what the processes wrote before they stopped can still be read.
+    """
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class Relay:
+    """Each rank's output, line by line, echoed with a ``[rank r]`` prefix; the last lines kept."""
+
+    def __init__(self, procs: list[subprocess.Popen], echo: bool):
+        self.echo, self.selector = echo, selectors.DefaultSelector()
+        for rank, p in enumerate(procs):
+            os.set_blocking(p.stdout.fileno(), False)
+            self.selector.register(p.stdout, selectors.EVENT_READ, rank)
+        self.partial = [b""] * len(procs)
+        self.tails: list[list[str]] = [[] for _ in procs]  # last 20 lines of each rank
+
+    def pump(self, wait: float) -> int:
+        """Relay what the ranks wrote, waiting up to ``wait`` s for something; how many pipes had data."""
+        if not self.selector.get_map():
+            time.sleep(wait)  # every pipe is closed: only the processes' exits are left to wait for
+            return 0
+        events = self.selector.select(timeout=wait)
+        for key, _ in events:
+            rank = key.data
+            chunk = key.fileobj.read() or b""
+            if not chunk:  # end of file: the process closed its output
+                self.selector.unregister(key.fileobj)
+                chunk = b"\n" if self.partial[rank] else b""
+            *lines, self.partial[rank] = (self.partial[rank] + chunk).split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                self.tails[rank] = (self.tails[rank] + [text])[-20:]
+                if self.echo:
+                    print(f"[rank {rank}] {text}", flush=True)
+        return len(events)
+
+
+# -- in each rank ------------------------------------------------------------------------------
+def exit_with_parent(parent_pid: int) -> None:
+    """Make this process die when the launcher ``parent_pid`` dies (call first thing in a rank)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        threading.Thread(target=_exit_at_end_of_stdin, name="exit-with-parent", daemon=True).start()
+    if os.getppid() != parent_pid:  # the parent died before we asked: nobody will tell us
+        os._exit(1)
+
+
+def _exit_at_end_of_stdin() -> None:
+    """Block until stdin ends (the parent closed it or died, the kernel closes it then); exit."""
+    while os.read(sys.stdin.fileno(), 1024):
+        pass  # the parent writes nothing; drain whatever arrives anyway
+    os._exit(1)  # the work is orphaned: nobody is left to collect its result
+
+
+def watch_for_stack_requests(path: Path) -> None:
+    """On SIGUSR1, write every thread's Python stack to ``path`` (read by ``stacks``)."""
+    stream = open(path, "w")  # noqa: SIM115 -- stays open for the life of the process
+    faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
