@@ -84,3 +84,13 @@ def test_rank_layout_puts_tensor_parallel_neighbours_together():
     assert [rank_of(d, 0, 0, sizes) for d in range(2)] == [0, 2]
     assert [rank_of(0, 0, p, sizes) for p in range(2)] == [0, 4]
     assert sorted(rank_of(d, t, p, sizes) for d in range(2) for t in range(2) for p in range(2)) == list(range(8))
+
+
+def test_byte_batches_draw_every_window_start_the_last_one_included():
+    text = "abcdefghijklmnopq"  # 17 bytes: windows of 16 start at 0 or 1
+    starts = {int(b[0, 0]) - ord("a") for b in byte_batches(text, batch=4, seq_len=16, steps=50, seed=0)}
+    assert starts == {0, 1}  # 200 draws: both starts appear (each is missed with probability 2^-200)
+    (exact,) = byte_batches(text[:16], batch=3, seq_len=16, steps=1)  # exactly seq_len bytes: one window
+    assert exact.shape == (3, 16) and bytes(exact[0].tolist()).decode() == text[:16]
+    with pytest.raises(ValueError, match="a text of 15 bytes is too short for windows of 16"):
+        byte_batches(text[:15], batch=1, seq_len=16, steps=1)

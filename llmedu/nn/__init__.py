@@ -6,11 +6,13 @@ activations   ReLU, GELU (exact, tanh), SiLU; the feed-forward network, plain or
 attention     multi-head / grouped-query / multi-query attention, masks, pluggable kernels
 kv_cache      what the model asks of a KV cache (KVCacheLike), and the contiguous KVCache
 blocks        the serial block (pre-LN, post-LN, sandwich, DeepNorm) and the parallel block
+functional    softmax, log-softmax, log-sum-exp and cross-entropy, stable (the max subtracted) and equal to torch's
 """
 
 from .activations import FeedForward
 from .attention import Attention, get_attention, register_attention, set_attention
 from .blocks import ParallelBlock, SerialBlock
+from .functional import cross_entropy, log_softmax, logsumexp, softmax
 from .kv_cache import KVCache, KVCacheLike
 from .norms import LayerNorm, RMSNorm
 
@@ -23,7 +25,11 @@ __all__ = [
     "ParallelBlock",
     "RMSNorm",
     "SerialBlock",
+    "cross_entropy",
     "get_attention",
+    "log_softmax",
+    "logsumexp",
     "register_attention",
     "set_attention",
+    "softmax",
 ]

@@ -94,12 +94,16 @@ def make_mesh(dp: int, tp: int, pp: int) -> Mesh:
 
 
 def byte_batches(text: str, batch: int, seq_len: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
-    """``steps`` batches (batch, seq_len) of random windows of ``text``'s UTF-8 bytes (vocabulary 256)."""
+    """``steps`` batches (batch, seq_len) of random windows of ``text``'s UTF-8 bytes (vocabulary 256).
+
+    Every window start in 0 .. N - seq_len is equally likely, the last one included (randint's upper
+    bound is exclusive, hence the + 1); a text of exactly seq_len bytes has one window, itself.
+    """
     data = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).long()  # (N,)
-    if data.numel() <= seq_len:
+    if data.numel() < seq_len:
         raise ValueError(f"a text of {data.numel()} bytes is too short for windows of {seq_len}")
     g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, data.numel() - seq_len, (steps, batch), generator=g)  # (steps, batch)
+    starts = torch.randint(0, data.numel() - seq_len + 1, (steps, batch), generator=g)  # (steps, batch)
     return [data[s[:, None] + torch.arange(seq_len)] for s in starts]  # each (batch, seq_len)
 
 

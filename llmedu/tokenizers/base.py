@@ -6,6 +6,7 @@ a word into pieces of it, but they answer to the same interface:
 
     tok = BPETokenizer().train(texts, vocab_size=8000)   # learn a vocabulary from real text
     ids = tok.encode("Hello world")                      # text -> ids
+    ids = tok.encode_iterable(open("big.txt"))           # a whole file's ids, streamed in flat memory
     tok.decode(ids)                                      # ids -> text
     tok.save("bpe.json"); BPETokenizer.load("bpe.json")  # our own readable JSON format
     tok.save_hf("my-tokenizer")                          # a folder AutoTokenizer.from_pretrained loads
@@ -23,7 +24,7 @@ import hashlib
 import json
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 __all__ = ["Tokenizer", "as_texts", "check_text", "check_vocab_size", "split_on_special", "warn_if_short"]
@@ -82,6 +83,57 @@ class Tokenizer:
         raise NotImplementedError
 
     # -- shared ------------------------------------------------------------------------------
+    def encode_iterable(self, texts: Iterable[str], chunk_chars: int = 4096) -> Iterator[int]:
+        r"""The ids of ``"".join(texts)`` one by one, in flat memory: ``encode_iterable(open(path))``.
+
+        Contract: the ids equal ``encode("".join(texts))`` (for WordPiece: one [CLS] first, one [SEP]
+        last) however the text is cut: lines with their newlines, as a file yields them, or any chunks.
+
+        Encoding each line on its own would break it. GPT-2's ``\s+(?!\S)`` glues whitespace across lines
+        ("\n\n\n" is "\n\n" + "\n"; "\n" and the next line's indentation are one piece); Unigram's Metaspace
+        starts words only at spaces, so in "Citizen:\nBefore" the newline is inside a word; WordPiece
+        would frame every line with [CLS] ... [SEP]. So pieces are gathered into ~``chunk_chars``
+        characters and encoded up to their last *safe boundary*, just before a space that follows a
+        non-whitespace character; the rest waits for the next pieces. There all three tokenizers give the
+        same ids for the two sides as for the whole: no GPT-2 regex match holds a non-space followed by a
+        space (and the lookahead only ends whitespace runs), the space starts a Metaspace word, and BERT
+        splits words at every whitespace. Special tokens must then hold no space (none of ours does).
+
+        Memory: ~``chunk_chars`` characters and their ids. A text with no safe boundary at all (a single
+        "word" of 1 GB) would be held whole.
+        """
+        if not isinstance(chunk_chars, int) or chunk_chars < 1:
+            raise ValueError(f"chunk_chars must be a positive int, got {chunk_chars!r}")
+        for token in self.special_tokens:
+            if " " in token:
+                raise ValueError(f"special token {token!r} holds a space, where encode_iterable cuts the text")
+        head, tail = self._frame()  # what encode puts around every text: [CLS] and [SEP] for BERT, else nothing
+        yield from head
+        buffer = ""
+        for text in [texts] if isinstance(texts, str) else texts:
+            if not isinstance(text, str):
+                raise TypeError(f"encode_iterable takes str (open files in text mode), got {type(text).__name__}")
+            buffer += text
+            cut = _last_safe_boundary(buffer) if len(buffer) >= chunk_chars else 0  # (one call per line is slow)
+            if cut > 0:
+                ids = self.encode(buffer[:cut])
+                yield from ids[len(head) : len(ids) - len(tail)]
+                buffer = buffer[cut:]
+        ids = self.encode(buffer)
+        yield from ids[len(head) : len(ids) - len(tail)]
+        yield from tail
+
+    def _frame(self) -> tuple[list[int], list[int]]:
+        """The ids ``encode`` puts before and after every text (its ids for ""): none, or BERT's [CLS] ... [SEP]."""
+        around = self.encode("")
+        if not around:
+            return [], []
+        roles = self.hf_special_tokens()
+        cls_sep = [self.special_tokens.get(roles.get(r)) for r in ("cls_token", "sep_token")]
+        if around != cls_sep:
+            raise NotImplementedError(f"{type(self).__name__}.encode('') gives {around}: say in _frame what goes where")
+        return around[:1], around[1:]
+
     def tokens(self, text: str) -> list[str]:
         """The pieces ``encode`` cuts ``text`` into, readable: handy for teaching."""
         return [self.id_to_token(i) for i in self.encode(text)]
@@ -185,6 +237,14 @@ class Tokenizer:
 
 def _content_hash(state: dict) -> str:
     return hashlib.sha256(json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _last_safe_boundary(text: str) -> int:
+    """The largest i > 0 with text[i] a space and text[i - 1] not whitespace; 0 if there is none."""
+    i = text.rfind(" ")
+    while i > 0 and text[i - 1].isspace():
+        i = text.rfind(" ", 0, i)  # a run of spaces: look before it
+    return max(i, 0)
 
 
 def check_text(text: str) -> None:

@@ -6,6 +6,7 @@ precision     number formats, fp32 master weights, the dynamic loss scaler, auto
 recompute     activation checkpointing as an autograd.Function; per-block, sqrt(L), attention-only
 schedules     warm-up, cosine, linear, triangular, one-cycle: step -> learning-rate multiplier
 checkpoint    safetensors + JSON, written atomically, loaded without unpickling, checked by sha256
+clipping      global-norm gradient clipping (Pascanu et al. 2013), equal to torch.nn.utils.clip_grad_norm_
 history       StepInfo per step, the History of a run, the callback that logs it live
 fp8           E4M3 / E5M2 simulated bit for bit, delayed (amax-history) scaling, FP8Linear
 fp8_run       one small GPT trained in fp32, bf16 and simulated fp8 side by side
@@ -14,6 +15,7 @@ accumulation  why accumulators stay fp32 (the bf16 stall point), and TF32's roun
 
 from .accumulation import matmul_errors, round_to_tf32, running_sum, stall_point
 from .checkpoint import CheckpointError
+from .clipping import clip_grad_norm, clip_grads_with_norm, global_grad_norm
 from .fp8 import FORMATS, DelayedScaling, FP8Format, FP8Linear, cast_to_fp8, convert_to_fp8, fp8_counts, get_format
 from .fp8_run import compare_precisions
 from .history import History, StepInfo, log_to
@@ -47,4 +49,7 @@ __all__ = [
     "stall_point",
     "round_to_tf32",
     "matmul_errors",
+    "clip_grad_norm",
+    "clip_grads_with_norm",
+    "global_grad_norm",
 ]

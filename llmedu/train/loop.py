@@ -58,6 +58,7 @@ from tqdm import tqdm
 
 from ..runtime import sigterm_as_interrupt, synchronize
 from . import checkpoint as ckpt
+from .clipping import clip_grads_with_norm, global_grad_norm
 from .history import History, StepInfo, count_tokens, log_to
 from .precision import Precision
 from .schedules import Schedule
@@ -255,7 +256,7 @@ def _apply_gradients(
     """
     if policy.scaler:
         policy.scaler.unscale_(optimizer)  # the true gradients, before measuring or clipping
-    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    grad_norm = global_grad_norm(params)  # params without a .grad are skipped
     bad = "loss" if not math.isfinite(loss) else "" if policy.scaler or torch.isfinite(grad_norm) else "gradient norm"
     if bad:  # the scaler skips overflowed steps itself; anything else non-finite is a fault
         value = loss if bad == "loss" else grad_norm.item()
@@ -270,7 +271,7 @@ def _apply_gradients(
         optimizer.zero_grad(set_to_none=True)
         return grad_norm, False
     if config.clip_grad_norm is not None:
-        torch.nn.utils.clip_grads_with_norm_(params, config.clip_grad_norm, grad_norm)
+        clip_grads_with_norm(params, config.clip_grad_norm, grad_norm)
     if config.schedule is not None:
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] * config.schedule(step)
