@@ -6,6 +6,7 @@ gpt           CausalLM (logits), generate() with a KV cache
 bert          MaskedLM and SequenceClassifier
 counting      parameters, FLOPs per token, MFU
 hf            from_hf / to_hf: weights to and from ``transformers`` (BERT, GPT-2, Llama)
+hf_names      the name tables: which of our parameters is which of theirs
 """
 
 from .bert import MaskedLM, SequenceClassifier

@@ -3,7 +3,7 @@
     ours = from_hf(hf_model)      # BertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM, or their bare models
     hf_model = to_hf(ours)        # back again, same weights
 
-Converting is renaming: each family's table below pairs our parameter names with theirs. Two
+Converting is renaming: each family's table (``hf_names.py``) pairs our parameter names with theirs. Two
 families store weights differently: GPT-2 keeps ``Conv1D`` matrices as (in, out), the transpose of
 ``nn.Linear``'s (out, in), and fuses q, k, v into one ``c_attn`` matrix; both are undone here.
 Llama's q/k weights in ``transformers`` are already permuted for the "rotate half" RoPE that
@@ -25,6 +25,7 @@ from ..nn.activations import GATED
 from .bert import MaskedLM
 from .config import TransformerConfig
 from .gpt import CausalLM
+from .hf_names import full_table
 from .transformer import Transformer
 
 __all__ = ["from_hf", "to_hf"]
@@ -38,7 +39,6 @@ _HF_CLASSES = {
     "LlamaModel": ("llama", "bare"),
     "LlamaForCausalLM": ("llama", "lm"),
 }
-_HF_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}  # base model inside the LM
 _PRESETS = {"bert": TransformerConfig.bert, "gpt2": TransformerConfig.gpt2, "llama": TransformerConfig.llama}
 # A config converts as a family's when these fields are its preset's (sizes, eps, dropout are free) ...
 _LAYOUT = (
@@ -58,95 +58,6 @@ _ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 _ACT_FROM_HF = {**{hf: ours for ours, hf in _ACT_TO_HF.items()}, "gelu_pytorch_tanh": "gelu_tanh"}
 _GLU_TO_HF = {"swiglu": "silu", "geglu": "gelu"}  # Llama names the gate's function
 _GLU_FROM_HF = {hf: ours for ours, hf in _GLU_TO_HF.items()}
-
-
-# -- names ------------------------------------------------------------------------------------------------
-def _name_table(family: str, n_layers: int) -> list[tuple[str, str, str]]:
-    """(our name under Transformer, their name under the bare model, how); how: copy, t (transpose), qkv0/1/2."""
-    table = {
-        "bert": [
-            ("tok_embed.weight", "embeddings.word_embeddings.weight"),
-            ("pos_embed.weight", "embeddings.position_embeddings.weight"),
-            ("type_embed.weight", "embeddings.token_type_embeddings.weight"),
-            ("embed_norm.weight", "embeddings.LayerNorm.weight"),
-            ("embed_norm.bias", "embeddings.LayerNorm.bias"),
-        ],
-        "gpt2": [
-            ("tok_embed.weight", "wte.weight"),
-            ("pos_embed.weight", "wpe.weight"),
-            ("final_norm.weight", "ln_f.weight"),
-            ("final_norm.bias", "ln_f.bias"),
-        ],
-        "llama": [("tok_embed.weight", "embed_tokens.weight"), ("final_norm.weight", "norm.weight")],
-    }[family]
-    table = [(ours, theirs, "copy") for ours, theirs in table]
-    per_layer = {
-        "bert": [
-            ("attn.q_proj", "attention.self.query"),
-            ("attn.k_proj", "attention.self.key"),
-            ("attn.v_proj", "attention.self.value"),
-            ("attn.o_proj", "attention.output.dense"),
-            ("attn_norm", "attention.output.LayerNorm"),
-            ("mlp.up_proj", "intermediate.dense"),
-            ("mlp.down_proj", "output.dense"),
-            ("mlp_norm", "output.LayerNorm"),
-        ],
-        "gpt2": [
-            ("attn_norm", "ln_1"),
-            ("attn.o_proj", "attn.c_proj"),
-            ("mlp_norm", "ln_2"),
-            ("mlp.up_proj", "mlp.c_fc"),
-            ("mlp.down_proj", "mlp.c_proj"),
-        ],  # q, k, v: below
-        "llama": [
-            ("attn.q_proj", "self_attn.q_proj"),
-            ("attn.k_proj", "self_attn.k_proj"),
-            ("attn.v_proj", "self_attn.v_proj"),
-            ("attn.o_proj", "self_attn.o_proj"),
-            ("mlp.gate_proj", "mlp.gate_proj"),
-            ("mlp.up_proj", "mlp.up_proj"),
-            ("mlp.down_proj", "mlp.down_proj"),
-            ("attn_norm", "input_layernorm"),
-            ("mlp_norm", "post_attention_layernorm"),
-        ],
-    }[family]
-    layer_prefix = {"bert": "encoder.layer", "gpt2": "h", "llama": "layers"}[family]
-    params = ["weight"] if family == "llama" else ["weight", "bias"]
-    for i in range(n_layers):
-        for ours, theirs in per_layer:
-            is_conv1d = family == "gpt2" and "_proj" in ours  # GPT-2's Conv1D stores (in, out)
-            for p in params:
-                how = "t" if is_conv1d and p == "weight" else "copy"
-                table.append((f"blocks.{i}.{ours}.{p}", f"{layer_prefix}.{i}.{theirs}.{p}", how))
-        if family == "gpt2":
-            for p in ("weight", "bias"):
-                for j, n in enumerate("qkv"):  # slice j of the fused c_attn
-                    table.append((f"blocks.{i}.attn.{n}_proj.{p}", f"h.{i}.attn.c_attn.{p}", f"qkv{j}"))
-    return table
-
-
-def _head_table(family: str) -> list[tuple[str, str, str]]:
-    """Names of the LM head, relative to the top-level modules."""
-    if family == "bert":
-        pairs = [
-            ("mlm_head.dense.weight", "cls.predictions.transform.dense.weight"),
-            ("mlm_head.dense.bias", "cls.predictions.transform.dense.bias"),
-            ("mlm_head.norm.weight", "cls.predictions.transform.LayerNorm.weight"),
-            ("mlm_head.norm.bias", "cls.predictions.transform.LayerNorm.bias"),
-            ("mlm_head.decoder.weight", "cls.predictions.decoder.weight"),
-            ("mlm_head.decoder.bias", "cls.predictions.decoder.bias"),
-            ("mlm_head.decoder.bias", "cls.predictions.bias"),
-        ]  # the same tensor, under two names
-    else:
-        pairs = [("lm_head.weight", "lm_head.weight")]
-    return [(ours, theirs, "copy") for ours, theirs in pairs]
-
-
-def _full_table(family: str, head: str, n_layers: int) -> list[tuple[str, str, str]]:
-    if head == "bare":
-        return _name_table(family, n_layers)
-    body = [("transformer." + o, _HF_PREFIX[family] + t, how) for o, t, how in _name_table(family, n_layers)]
-    return body + _head_table(family)
 
 
 # -- configs ---------------------------------------------------------------------------------------------
@@ -302,7 +213,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     model = Transformer(config) if head == "bare" else (MaskedLM if family == "bert" else CausalLM)(config)
     theirs = hf_model.state_dict()
     ours = {}
-    for our_name, their_name, how in _full_table(family, head, config.n_layers):
+    for our_name, their_name, how in full_table(family, head, config.n_layers):
         w = theirs[their_name]
         if how == "t":
             w = w.t()
@@ -335,7 +246,7 @@ def to_hf(model: nn.Module) -> nn.Module:
     hf_model = cls(_hf_config(family, model.config), **kwargs)
     ours = model.state_dict()
     theirs: dict[str, torch.Tensor] = {}
-    for our_name, their_name, how in _full_table(family, head, model.config.n_layers):
+    for our_name, their_name, how in full_table(family, head, model.config.n_layers):
         w = ours[our_name]
         if how.startswith("qkv"):  # gather q, k, v into c_attn
             theirs.setdefault(their_name, [None] * 3)[int(how[3])] = w.t() if w.dim() == 2 else w

@@ -27,7 +27,6 @@ the last N checkpoints.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -40,6 +39,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from ..data.cache import sha256_of
 
 __all__ = ["CheckpointError", "save", "load", "load_latest", "latest", "checkpoints", "checkpoint_name"]
 
@@ -91,14 +92,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # -- saving --------------------------------------------------------------------------------------
 def save(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict) -> Path:
     """Write a checkpoint folder under ``root`` atomically; ``train_state`` must hold ``step``."""
@@ -142,7 +135,7 @@ def save(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, t
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT})
-    state["sha256"] = _sha256(tmp / TENSORS)  # of the bytes as written, checked by load
+    state["sha256"] = sha256_of(tmp / TENSORS)  # of the bytes as written, checked by load
     with open(tmp / STATE, "w") as f:
         json.dump(state, f, indent=1)
         f.flush()
@@ -165,7 +158,7 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path / STATE} is not an {FORMAT} file")
     recorded = state.pop("sha256", None)  # checkpoints written before it was recorded have none
-    if recorded is not None and _sha256(path / TENSORS) != recorded:
+    if recorded is not None and sha256_of(path / TENSORS) != recorded:
         raise CheckpointError(f"{path / TENSORS} differs from the sha256 recorded when it was saved: it is damaged")
     try:
         tensors = load_file(str(path / TENSORS))  # raw bytes and a JSON header: no code runs
