@@ -142,7 +142,8 @@ def _weights(run):
 
 
 def test_an_interrupted_run_resumes_exactly(tmp_path):
-    """Interrupt at step 5 (checkpoints at 2 and 4), resume: the weights at step 6 equal an unbroken run's."""
+    """Interrupt after step 5 (checkpoints every 2): the interrupt saves step 5, so resuming redoes nothing,
+    and the weights at step 6 equal an unbroken run's."""
     run = PretrainRun(TINY, budget_seconds=None, max_steps=6, corpora=["kjv"], max_chars=MAX_CHARS)
     settings = dict(checkpoint_every=2, eval_batches=1, **QUIET)
     pretrain(tmp_path / "whole", run, **settings)
@@ -153,9 +154,10 @@ def test_an_interrupted_run_resumes_exactly(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         pretrain(tmp_path / "broken", run, callbacks=[interrupt], **settings)
-    assert sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    saved = sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir())
+    assert saved == ["step-000002", "step-000004", "step-000005"]  # the last by the interrupt
     summary = pretrain(tmp_path / "broken", run, resume=True, **settings)
-    assert summary["steps"] == 6 and summary["steps_this_run"] == 2  # steps 5 and 6, redone from step 4
+    assert summary["steps"] == 6 and summary["steps_this_run"] == 1  # only step 6: nothing lost
     whole, resumed = _weights(tmp_path / "whole"), _weights(tmp_path / "broken")
     for name in whole:
         torch.testing.assert_close(resumed[name], whole[name], rtol=0, atol=0, msg=name)
