@@ -134,7 +134,7 @@ def test_merge_and_unload_round_trips_through_save_pretrained(tiny_bert, tmp_pat
     randomise_lora(model)
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
     hidden = lambda m: m.bert(ids).last_hidden_state  # (B, T, d): the logits of a random head are tiny
-    adapted = hidden(model)
+    adapted, adapted_logits = hidden(model), model(ids).logits
     assert (adapted - hidden(tiny_bert)).abs().max() > 1e-2  # the update matters, so the test can fail
     assert merge_and_unload(model) is model
     assert not any(isinstance(m, LoRALinear) for m in model.modules())
@@ -143,6 +143,7 @@ def test_merge_and_unload_round_trips_through_save_pretrained(tiny_bert, tmp_pat
     loaded, info = BertForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert (hidden(loaded.eval()) - adapted).abs().max() < 1e-5
+    assert (loaded(ids).logits - adapted_logits).abs().max() < 1e-5
     with pytest.raises(ValueError, match="no LoRA layer"):
         merge_and_unload(model)
 
