@@ -203,6 +203,24 @@ def test_a_deadline_stops_ranks_that_never_finish_and_names_them():
         launch(worker, 2, deadline=0)
 
 
+@pytest.mark.timeout(60)
+def test_a_rank_still_running_long_after_its_peers_returned_is_stopped_and_named():
+    """No deadline, no collective: a rank that sleeps after rank 0 returned is caught by default,
+    ``timeout`` seconds after the first result (the ranks run one program)."""
+
+    def worker():
+        if dist.get_rank() == 1:
+            time.sleep(1e6)
+        return dist.get_rank()
+
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 1 did not finish in time") as info:
+        launch(worker, 2, timeout=3, echo=False)
+    assert "rank 1 still running 3 s (timeout) after another rank finished with its result" in str(info.value)
+    assert "in worker" in str(info.value)  # its stack
+    assert time.monotonic() - start < 40
+
+
 @pytest.mark.timeout(90)
 def test_ranks_die_with_their_launcher_and_the_next_launch_removes_its_folder(tmp_path):
     script = textwrap.dedent(f"""

@@ -35,9 +35,11 @@ raises ``WorkerError``, which names the rank to blame):
   survivors whose collectives then failed.
 * A rank **hangs**: a collective that waits longer than ``timeout`` seconds (default 30) fails
   in the ranks that wait, and the ranks still running are asked where they are (their Python
-  stacks). A rank stalled with no peer waiting for it can only be caught by ``deadline``:
-  seconds, counted once every rank has started, after which ``launch`` stops every rank and
-  names those still running. It is off by default, as a training run may rightly take days.
+  stacks). A rank still running ``timeout`` seconds after a peer finished with its result is
+  stuck too (the ranks run one program): every rank is stopped and the stuck ones are named,
+  with their stacks. A rank stalled while every peer is busy elsewhere can only be caught by
+  ``deadline``: seconds, counted once every rank has started, after which ``launch`` stops every
+  rank and names those still running. It is off by default, as a training run may rightly take days.
 * The **launcher dies** (a restarted kernel): its ranks die with it, and its temporary folder
   is removed by the next launch (``processes.py``).
 
@@ -176,7 +178,7 @@ def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, de
                     stderr=subprocess.STDOUT,
                 )
             )
-        _watch(procs, folder, echo, deadline, store)
+        _watch(procs, folder, echo, deadline, timeout, store)
         return [cloudpickle.loads((folder / f"result{rank}.pkl").read_bytes()) for rank in range(world_size)]
     finally:
         stop(procs)
@@ -207,22 +209,29 @@ def _child_environment(world_size: int, backend: str, timeout: float, port: int)
     return env
 
 
-def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: float | None, store) -> None:
+def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: float | None, timeout: float, store):
     """Relay output until every rank has exited with a result; on a failure, stop all and raise.
 
     The ``deadline`` counts from the moment every rank has started (the start-up barrier in
     ``store`` is passed): it bounds the worker, however long start-up took on a busy machine.
+    Once a rank has finished with its result, the others get ``timeout`` seconds to finish too:
+    the ranks run the same program, so one still running long after a peer returned is stuck.
     """
     relay = Relay(procs, echo)
-    give_up = None
+    give_up, first_done = None, None
     while relay.selector.get_map() or any(p.poll() is None for p in procs):
         relay.pump(wait=0.1)
         if deadline is not None and give_up is None and store.check([_EVERYONE_STARTED]):
             give_up = time.monotonic() + deadline
-        failed = [r for r, p in enumerate(procs) if p.poll() is not None and not (folder / f"result{r}.pkl").exists()]
-        late = give_up is not None and time.monotonic() > give_up and any(p.poll() is None for p in procs)
-        if failed or late:
-            rank, headline, detail = _blame(procs, folder, failed, deadline)
+        exited = [r for r, p in enumerate(procs) if p.poll() is not None]
+        failed = [r for r in exited if not (folder / f"result{r}.pkl").exists()]
+        if exited and first_done is None and not failed:
+            first_done = time.monotonic()
+        running = any(p.poll() is None for p in procs)
+        late = give_up is not None and time.monotonic() > give_up and running
+        straggling = first_done is not None and time.monotonic() - first_done > timeout and running
+        if failed or late or straggling:
+            rank, headline, detail = _blame(procs, folder, failed, deadline if late else None, timeout)
             stop(procs)
             while relay.pump(wait=0):  # what the ranks wrote before they stopped
                 pass
@@ -232,7 +241,9 @@ def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: fl
             raise WorkerError(rank, detail, headline)
 
 
-def _blame(procs, folder: Path, failed: list[int], deadline: float | None) -> tuple[int, str, str | None]:
+def _blame(
+    procs, folder: Path, failed: list[int], deadline: float | None, timeout: float
+) -> tuple[int, str, str | None]:
     """The rank to blame, a headline, and its traceback (None if it left none).
 
     A rank that died without a traceback (SIGKILL, ``os._exit``, a crash in C++) comes first:
@@ -255,7 +266,15 @@ def _blame(procs, folder: Path, failed: list[int], deadline: float | None) -> tu
         if _TIMEOUT_HINT in detail and running:
             detail += _where(procs, running, folder, "still running when it gave up")
         return rank, "failed:", detail
-    detail = f"deadline={deadline:g} s after start-up reached with {_ranks(running)} still running; all were stopped."
+    if deadline is not None:
+        detail = (
+            f"deadline={deadline:g} s after start-up reached with {_ranks(running)} still running; all were stopped."
+        )
+    else:
+        detail = (
+            f"{_ranks(running)} still running {timeout:g} s (timeout) after another rank finished with its "
+            "result; all were stopped."
+        )
     return running[0], "did not finish in time:", detail + _where(procs, running, folder, "still running")
 
 
