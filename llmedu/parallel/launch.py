@@ -68,12 +68,11 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .processes import Relay, describe_exit, exit_with_parent, job_folder, stacks, stop, watch_for_stack_requests
+from .processes import TIMEOUT_HINT, Relay, blame, exit_with_parent, job_folder, stop, watch_for_stack_requests
 
 __all__ = ["launch", "WorkerError"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_TIMEOUT_HINT = "A collective waited longer than timeout="
 _EVERYONE_STARTED = "llmedu/everyone started"  # key of the start-up barrier in the launcher's store
 
 
@@ -231,7 +230,7 @@ def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: fl
         late = give_up is not None and time.monotonic() > give_up and running
         straggling = first_done is not None and time.monotonic() - first_done > timeout and running
         if failed or late or straggling:
-            rank, headline, detail = _blame(procs, folder, failed, deadline if late else None, timeout)
+            rank, headline, detail = blame(procs, folder, failed, deadline if late else None, timeout)
             stop(procs)
             while relay.pump(wait=0):  # what the ranks wrote before they stopped
                 pass
@@ -239,56 +238,6 @@ def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: fl
                 tail = "\n".join(relay.tails[rank]).strip()
                 detail = f"Its last output:\n{tail}" if tail else "It printed nothing."
             raise WorkerError(rank, detail, headline)
-
-
-def _blame(
-    procs, folder: Path, failed: list[int], deadline: float | None, timeout: float
-) -> tuple[int, str, str | None]:
-    """The rank to blame, a headline, and its traceback (None if it left none).
-
-    A rank that died without a traceback (SIGKILL, ``os._exit``, a crash in C++) comes first:
-    its peers fail moments later only because their connection to it closed. Otherwise the
-    first traceback written is the cause. When the failure is a hang, the ranks still running
-    are asked where they are.
-    """
-    running = [r for r, p in enumerate(procs) if p.poll() is None]
-    reports = {int(f.stem[len("error") :]): f for f in folder.glob("error*.txt")}
-    silent = [r for r in failed if r not in reports]
-    if silent:
-        return (
-            silent[0],
-            f"died, {describe_exit(procs[silent[0]].returncode)}, leaving no traceback and no result.",
-            None,
-        )
-    if reports:
-        rank = min(reports, key=lambda r: reports[r].stat().st_mtime_ns)
-        detail = reports[rank].read_text()
-        if _TIMEOUT_HINT in detail and running:
-            detail += _where(procs, running, folder, "still running when it gave up")
-        return rank, "failed:", detail
-    if deadline is not None:
-        detail = (
-            f"deadline={deadline:g} s after start-up reached with {_ranks(running)} still running; all were stopped."
-        )
-    else:
-        detail = (
-            f"{_ranks(running)} still running {timeout:g} s (timeout) after another rank finished with its "
-            "result; all were stopped."
-        )
-    return running[0], "did not finish in time:", detail + _where(procs, running, folder, "still running")
-
-
-def _where(procs, ranks: list[int], folder: Path, what: str) -> str:
-    """Where the running ``ranks`` are, as the Python stacks they report."""
-    found = stacks({r: procs[r] for r in ranks}, folder)
-    lines = [f"\n\n{_ranks(ranks).capitalize()} {'was' if len(ranks) == 1 else 'were'} {what}:"]
-    for r in ranks:
-        lines += [f"[rank {r}] {line}" for line in found.get(r, "(no stack came back)").strip().splitlines()]
-    return "\n".join(lines)
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -319,7 +268,7 @@ def _child_main() -> None:
         detail = traceback.format_exc()
         if "timed out" in str(err).lower() or "timeout" in type(err).__name__.lower():
             detail += (
-                f"\n{_TIMEOUT_HINT}{timeout:g} s. Usually the ranks did not call the same "
+                f"\n{TIMEOUT_HINT}{timeout:g} s. Usually the ranks did not call the same "
                 "collectives in the same order (or one rank stopped calling them)."
             )
         _write(folder / f"error{rank}.txt", detail.encode())

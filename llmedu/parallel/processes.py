@@ -16,6 +16,8 @@ processes rather than of PyTorch, and each has its answer here:
 * **A rank is stuck** and we want to know where: each rank registers ``faulthandler`` on
   SIGUSR1, and ``stacks`` asks the stuck ones for their Python stacks before they are stopped.
 
+``blame`` decides, when something failed, which rank to name and what to say about it.
+
 ``stop`` terminates what still runs, kills what does not listen, and reaps every process.
 """
 
@@ -34,9 +36,20 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["Relay", "job_folder", "exit_with_parent", "describe_exit", "watch_for_stack_requests", "stacks", "stop"]
+__all__ = [
+    "Relay",
+    "job_folder",
+    "exit_with_parent",
+    "describe_exit",
+    "watch_for_stack_requests",
+    "stacks",
+    "stop",
+    "blame",
+    "TIMEOUT_HINT",
+]
 
 _PREFIX = "llmedu-launch-"
+TIMEOUT_HINT = "A collective waited longer than timeout="  # how a rank's timeout error begins
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
@@ -158,3 +171,53 @@ def watch_for_stack_requests(path: Path) -> None:
     """On SIGUSR1, write every thread's Python stack to ``path`` (read by ``stacks``)."""
     stream = open(path, "w")  # noqa: SIM115 -- stays open for the life of the process
     faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+
+
+def blame(
+    procs, folder: Path, failed: list[int], deadline: float | None, timeout: float
+) -> tuple[int, str, str | None]:
+    """The rank to blame, a headline, and its traceback (None if it left none).
+
+    A rank that died without a traceback (SIGKILL, ``os._exit``, a crash in C++) comes first:
+    its peers fail moments later only because their connection to it closed. Otherwise the
+    first traceback written is the cause. When the failure is a hang, the ranks still running
+    are asked where they are.
+    """
+    running = [r for r, p in enumerate(procs) if p.poll() is None]
+    reports = {int(f.stem[len("error") :]): f for f in folder.glob("error*.txt")}
+    silent = [r for r in failed if r not in reports]
+    if silent:
+        return (
+            silent[0],
+            f"died, {describe_exit(procs[silent[0]].returncode)}, leaving no traceback and no result.",
+            None,
+        )
+    if reports:
+        rank = min(reports, key=lambda r: reports[r].stat().st_mtime_ns)
+        detail = reports[rank].read_text()
+        if TIMEOUT_HINT in detail and running:
+            detail += _where(procs, running, folder, "still running when it gave up")
+        return rank, "failed:", detail
+    if deadline is not None:
+        detail = (
+            f"deadline={deadline:g} s after start-up reached with {_ranks(running)} still running; all were stopped."
+        )
+    else:
+        detail = (
+            f"{_ranks(running)} still running {timeout:g} s (timeout) after another rank finished with its "
+            "result; all were stopped."
+        )
+    return running[0], "did not finish in time:", detail + _where(procs, running, folder, "still running")
+
+
+def _where(procs, ranks: list[int], folder: Path, what: str) -> str:
+    """Where the running ``ranks`` are, as the Python stacks they report."""
+    found = stacks({r: procs[r] for r in ranks}, folder)
+    lines = [f"\n\n{_ranks(ranks).capitalize()} {'was' if len(ranks) == 1 else 'were'} {what}:"]
+    for r in ranks:
+        lines += [f"[rank {r}] {line}" for line in found.get(r, "(no stack came back)").strip().splitlines()]
+    return "\n".join(lines)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
