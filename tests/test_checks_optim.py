@@ -39,6 +39,15 @@ def in_place(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):
     return param, m, v
 
 
+def eps_before_bias_correction(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay):
+    """Kingma & Ba's 'efficient' form: alpha_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t), eps added to sqrt(v)."""
+    param = param - lr * weight_decay * param
+    m = beta1 * m + (1 - beta1) * grad
+    v = beta2 * v + (1 - beta2) * grad**2
+    alpha_t = lr * (1 - beta2**step) ** 0.5 / (1 - beta1**step)
+    return param - alpha_t * m / (v.sqrt() + eps), m, v
+
+
 def test_passes_correct_answers():
     assert check_adamw_step(adamw_step)
     assert check_adamw_step(in_place)
@@ -49,6 +58,7 @@ def test_fails_typical_mistakes_with_a_hint(capsys):
         (no_bias_correction, "no bias correction"),
         (l2_coupled, "coupled"),
         (decay_after, "after"),
+        (eps_before_bias_correction, "eps before bias correction"),
     ]:
         result = check_adamw_step(wrong)
         assert not result
@@ -72,3 +82,9 @@ def test_decay_after_is_caught_only_by_the_large_rate_case():
     """The difference is lr^2 * wd * update: 5e-3 at lr 0.1, wd 0.5; below tolerance at lr 1e-3 and no decay."""
     result = check_adamw_step(decay_after)
     assert "lr=0.1" in result.failure and "weight_decay=0.5" in result.failure
+
+
+def test_eps_before_bias_correction_is_caught_only_by_the_tiny_gradient_case():
+    """With |g| >> eps the two forms agree to fp32 rounding; with |g| ~ eps the effective eps is 32x larger."""
+    result = check_adamw_step(eps_before_bias_correction)
+    assert "shape (6,)" in result.failure and "step=1," in result.failure

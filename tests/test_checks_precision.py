@@ -4,7 +4,12 @@ import math
 
 import torch
 
-from llmedu.checks.precision import check_adam8bit_state_bytes, check_float_format, check_stall_point
+from llmedu.checks.precision import (
+    check_adam8bit_state_bytes,
+    check_additions_to_stall,
+    check_float_format,
+    check_stall_point,
+)
 from llmedu.train.accumulation import running_sum, stall_point
 
 SIGNIFICANT = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
@@ -38,6 +43,47 @@ def test_stall_point_passes_and_fails():
     mantissa_bits = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
     result = check_stall_point(lambda v, d: 2.0 ** (math.floor(math.log2(v)) + mantissa_bits[d] + 1))
     assert not result and "value=0.01, dtype=bf16" in result.failure  # forgot the implicit bit
+
+
+# -- additions before the stall ---------------------------------------------------------------------
+def additions_by_simulation(value, dtype):
+    """A learner's loop: add until the sum stops changing."""
+    v, total, n = torch.tensor(value, dtype=dtype), torch.zeros((), dtype=dtype), 0
+    while total + v != total:
+        total, n = total + v, n + 1
+    return n
+
+
+def additions_by_binades(value, dtype):
+    """The reasoning of the lesson in Python floats: each sum s + v is rounded to the grid of its binade."""
+    p = SIGNIFICANT[dtype]
+    v = torch.tensor(value, dtype=dtype).item()
+    s, n = 0.0, 0
+    while True:
+        exact = s + v  # exact in float64 for these formats
+        ulp = 2.0 ** (math.floor(math.log2(exact)) - p + 1)
+        new = round(exact / ulp) * ulp  # Python's round: half to even
+        if new == s:
+            return n
+        s, n = new, n + 1
+
+
+def test_additions_to_stall_passes_and_fails():
+    assert check_additions_to_stall(additions_by_simulation)
+    assert check_additions_to_stall(additions_by_binades)
+    naive = lambda value, d: math.ceil(stall_point(value, d) / torch.tensor(value, dtype=d).item())
+    result = check_additions_to_stall(naive)  # "stall / v": ignores the rounding of every addition
+    assert not result and "value=0.01, dtype=bf16" in result.failure
+    assert not check_additions_to_stall(lambda value, d: round(stall_point(value, d) / value))  # unrounded value too
+    assert not check_additions_to_stall(lambda value, d: additions_by_simulation(value, d) + 1)  # the no-op counted
+    assert not check_additions_to_stall(lambda value, d: additions_by_binades(value, torch.bfloat16))  # p ignored
+
+
+def test_additions_to_stall_reach_the_stall_point():
+    for value, dtype in [(0.01, torch.bfloat16), (1e-3, torch.bfloat16), (0.01, torch.float16), (3.0, torch.float16)]:
+        n = additions_by_simulation(value, dtype)
+        assert running_sum(value, n, dtype, value_dtype=dtype) == stall_point(value, dtype)
+        assert running_sum(value, n - 1, dtype, value_dtype=dtype) < stall_point(value, dtype)
 
 
 # -- number formats ----------------------------------------------------------------------------------

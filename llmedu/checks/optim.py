@@ -5,8 +5,11 @@ check_adamw_step(fn)    fn(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, be
                         (Loshchilov & Hutter 2019, Algorithm 2, with Adam's bias correction)
 
 The cases include a large learning rate and decay (lr 0.1, weight decay 0.5), so that decaying
-after the update instead of before (a difference of lr^2 * wd * update) shows; when an answer is
-wrong, the grader also tries the usual mistakes and names the one that matches.
+after the update instead of before (a difference of lr^2 * wd * update) shows, and a first step
+with gradients of the size of eps (v << eps^2 is where eps's place matters), so that Kingma & Ba's
+"efficient" form, eps added to sqrt(v) *before* the bias correction (an effective eps larger by
+1 / sqrt(1 - beta2^t), 32x at step 1 with beta2 = 0.999), fails; when an answer is wrong, the
+grader also tries the usual mistakes and names the one that matches.
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ def _reference(param, grad, m, v, step, lr, beta1, beta2, eps, wd, mistake: str 
         wd_now = 0.0 if mistake == "coupled" else wd
         adamw_update_(p, g, m, v, step, lr, beta1, beta2, eps, 0.0)
         return p.mul_(1 - lr * wd_now), m, v
-    # "no bias correction": the step with m and v as they are
     p.mul_(1 - lr * wd)
     m.mul_(beta1).add_((1 - beta1) * g)
     v.mul_(beta2).add_((1 - beta2) * g * g)
+    if mistake == "eps before bias correction":  # Kingma & Ba, end of Section 2: alpha_t and eps-hat
+        step_size = lr * (1 - beta2**step) ** 0.5 / (1 - beta1**step)
+        return p - step_size * m / (v.sqrt() + eps), m, v
+    # "no bias correction": the step with m and v as they are
     return p - lr * m / (v.sqrt() + eps), m, v
 
 
@@ -45,6 +51,8 @@ MISTAKES = {
     "coupled": "this is Adam with L2 regularisation: the decay must not be added to the gradient (it would "
     "go through m and v); shrink the parameter directly, p <- p - lr * weight_decay * p",
     "after": "the decay is applied after the Adam update: decay the parameter as it was *before* this step",
+    "eps before bias correction": "eps is added to sqrt(v) before the bias correction (Kingma & Ba's "
+    "'efficient' form): add it to sqrt(v_hat), after correcting v, as torch.optim.AdamW does",
 }
 
 
@@ -67,9 +75,12 @@ def _cases():
         ((4, 3), 1, 0.1, (0.9, 0.999), 1e-8, 0.5),  # large rate and decay: decay-before vs after shows
         ((4, 3), 10, 1e-2, (0.9, 0.95), 1e-6, 0.1),
         ((2, 3, 4), 1000, 3e-4, (0.8, 0.99), 1e-8, 0.01),  # late: bias correction nearly 1
+        ((6,), 1, 1e-3, (0.9, 0.999), 1e-8, 0.0),  # gradients ~ eps: where eps is added matters
     ]:
         param = torch.randn(shape, generator=gen)
         grad = torch.randn(shape, generator=gen)
+        if shape == (6,):
+            grad = grad * eps  # v = (1 - beta2) g^2 << eps^2: sqrt(v_hat) = |g| is of eps's size
         if step == 1:  # the state of a fresh optimizer
             m, v = torch.zeros(shape), torch.zeros(shape)
         else:

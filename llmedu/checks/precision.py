@@ -2,13 +2,15 @@
 
 check_stall_point(fn)           fn(value, dtype) -> where a running sum of dtype(value), kept in
                                 dtype, stops growing (bf16, fp16, fp32; ties included)
+check_additions_to_stall(fn)    fn(value, dtype) -> how many additions of dtype(value) change a running
+                                sum kept in dtype before it stalls (bf16, fp16): not stall / value
 check_float_format(fn)          fn(exponent_bits, mantissa_bits, ieee) -> (max, min_normal, min_subnormal)
                                 of a binary float format: fp32, TF32, bf16, fp16, fp8 E5M2 and E4M3
 check_adam8bit_state_bytes(fn)  fn(numel, block_size, min_8bit_size) -> bytes of ``AdamW8bit``'s state
                                 for one parameter tensor after its first step, as ``state_bytes`` counts them
 
-The references are the library's (``stall_point``) or measured (``torch.finfo``, ``FORMATS``, the
-state tensors of a real ``AdamW8bit``), never a second copy of the formula being tested.
+The references are the library's (``stall_point``) or measured (a real running sum, ``torch.finfo``,
+``FORMATS``, the state tensors of a real ``AdamW8bit``), never a second copy of the formula being tested.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from llmedu.optim.eight_bit import AdamW8bit, state_bytes
 from llmedu.train.accumulation import stall_point
 from llmedu.train.fp8 import FORMATS
 
-__all__ = ["check_stall_point", "check_float_format", "check_adam8bit_state_bytes"]
+__all__ = ["check_stall_point", "check_additions_to_stall", "check_float_format", "check_adam8bit_state_bytes"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -39,6 +41,38 @@ def check_stall_point(fn) -> CheckResult:
     for value, dtype in cases:
         got = g.call(fn, value, dtype)
         if not g.compare(f"value={value!r}, dtype={DTYPE_NAMES[dtype]}", got, stall_point(value, dtype), rtol=1e-9):
+            break
+    return g.result()
+
+
+def _measured_additions_to_stall(value: float, dtype: torch.dtype, limit: int = 100_000) -> int:
+    """Add dtype(value) into a dtype running sum until an addition changes nothing; count the ones that did."""
+    v = torch.tensor(value, dtype=dtype)
+    total = torch.zeros((), dtype=dtype)
+    for n in range(limit):
+        new = total + v  # rounded to dtype's grid around the sum
+        if new == total:
+            return n
+        total = new
+    raise RuntimeError(f"the sum of {value} in {dtype} did not stall within {limit:,} additions")
+
+
+def check_additions_to_stall(fn) -> CheckResult:
+    """Grade ``fn(value, dtype)`` against the count of a real running sum (bf16 and fp16 accumulators)."""
+    g = Grader("check_additions_to_stall")
+    cases = [
+        (0.01, torch.bfloat16),  # the value of the exercise: 350 additions, not 4 / 0.01 = 400
+        (1e-3, torch.bfloat16),  # the lesson's value: 383, not 0.5 / v = 500
+        (0.3, torch.bfloat16),
+        (0.01, torch.float16),  # 3 more significant bits: a later stall, and more additions
+        (2.0**-7, torch.bfloat16),  # a power of two: every addition is exact until the ties, n = stall / v
+        (3.0, torch.float16),  # a value above 1
+    ]
+    for value, dtype in cases:
+        got = g.call(fn, value, dtype)
+        if not g.compare(
+            f"value={value!r}, dtype={DTYPE_NAMES[dtype]}", got, _measured_additions_to_stall(value, dtype)
+        ):
             break
     return g.result()
 

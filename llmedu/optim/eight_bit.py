@@ -28,7 +28,8 @@ moments: they are a small share of the memory, and quantizing them saves nothing
 Left out: the paper's stable embedding layer (Section 2.3: a LayerNorm after the embedding, and its
 moments in 32-bit), the fused CUDA kernel that does all of this without the fp32 temporaries
 (here the dequantized m and v of one tensor exist for the length of its update), paged optimizer
-states. bitsandbytes' ``AdamW8bit`` is the production version (its release 0.50 uses blocks of 256).
+states. bitsandbytes' ``AdamW8bit`` is the production version (recent releases quantize the optimizer
+states in blocks of 256 elements, not the paper's 2048).
 """
 
 from __future__ import annotations

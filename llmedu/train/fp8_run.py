@@ -3,7 +3,10 @@
     fp32   every op in float32: the reference curve
     bf16   torch.autocast(dtype=bfloat16): matmuls take bf16 inputs (8 significant bits), fp32 weights
     fp8    every nn.Linear swapped for ``FP8Linear`` (E4M3 forward, E5M2 gradients, delayed scaling);
-           embeddings, norms, attention's softmax and the loss stay fp32, as in Transformer Engine
+           norms, attention's softmax and the loss stay fp32, as in Transformer Engine. The token
+           embedding *lookup* stays fp32, but the LM head is an nn.Linear tied to the embedding, so
+           it becomes an FP8Linear too: the embedding matrix is cast to E4M3 for the output
+           projection (a choice of this simulation, not the library's only option)
 
 The model is ``llmedu.models.gpt.CausalLM`` on the bytes of the Shakespeare corpus (vocabulary 256),
 the batches are ``llmedu.parallel.mesh.byte_batches`` and every run sees the same batches, so the

@@ -5,7 +5,8 @@ Micikevicius et al. 2018, "Mixed Precision Training", train in 16 bits with thre
 1. **fp32 master weights.** The forward and backward passes run on 16-bit copies of the weights,
    but the update ``w <- w - lr * g`` is applied to an fp32 copy. In fp16 an update smaller than
    half the spacing between neighbouring numbers (2^-11 relative to w) is rounded away: a weight of
-   1.0 ignores every update below 0.00049. ``MasterWeights`` keeps that copy.
+   1.0 ignores every increase below 2^-11 = 0.00049 and every decrease below 2^-12 = 0.00024 (the
+   spacing just below 1.0 is half that above it). ``MasterWeights`` keeps that copy.
 2. **Loss scaling.** fp16 has 5 exponent bits: it cannot hold magnitudes below 2^-24 (6e-8), and
    many activation gradients are smaller (the paper's Figure 3). Multiplying the loss by S
    multiplies every gradient by S (the chain rule is linear), lifting them into range; dividing by S
@@ -13,10 +14,12 @@ Micikevicius et al. 2018, "Mixed Precision Training", train in 16 bits with thre
    (``LossScaler``) halves S and skips the step when a gradient is inf/NaN, and doubles S after
    ``growth_interval`` clean steps: S rides just below the overflow line.
 3. **fp32 accumulation** of matmul products and of reductions (softmax, norms, the loss): the
-   hardware does the first, autocast's per-op rules the rest.
+   hardware does the first, autocast's per-op rules the rest (CUDA's lists keep softmax, norms and
+   losses in fp32; the CPU's bf16 lists keep the loss in fp32 but not softmax or layer_norm).
 
-bf16 (Kalamkar et al. 2019) keeps fp32's 8 exponent bits and drops mantissa bits instead: the same
-range as fp32, so no loss scaling is needed, at 3 significant decimal digits. With
+bf16 (Google Brain's format, studied for training by Kalamkar et al. 2019) keeps fp32's 8 exponent
+bits and keeps 7 of its 23 mantissa bits (conversion rounds to nearest even): the same range as fp32,
+so no loss scaling is needed, at about 2.4 significant decimal digits (8 significant bits). With
 ``torch.autocast`` the parameters stay fp32 (they *are* the master weights) and each op casts its
 inputs to 16 bits as it runs: that is the practical path, policy ``Precision("bf16")``.
 
@@ -160,8 +163,11 @@ class MasterWeights:
         scaler.step(optimizer); scaler.update()          # the update happens in fp32
         masters.master_to_model()                        # round the new weights to 16 bits
 
-    Memory per parameter: 2 (16-bit weight) + 4 (master) + 2 transient (16-bit grad) + 4 (fp32
-    grad) + the optimizer's state, the (2 + 2 + K) of the ZeRO paper with K = 4 + Adam's 8.
+    Memory per parameter, a count: 2 (16-bit weight) + 4 (fp32 master) + the optimizer's state (8
+    for Adam) = 14 bytes between steps; from ``grads_to_master`` to the optimizer's ``zero_grad``
+    the fp32 gradient (4) is held for the whole model too: 18 bytes at the peak (the 16-bit
+    gradient, 2, is freed tensor by tensor as it is copied). The ZeRO paper's (2 + 2 + K) = 16 with
+    K = 12 assumes a 16-bit gradient and no fp32 gradient held for the whole model at once.
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype):
@@ -191,7 +197,9 @@ class Precision:
     """How the trainer computes: 'fp32', 'bf16' (autocast) or 'fp16' (autocast + loss scaler).
 
     With autocast the weights, gradients and optimizer state stay fp32; matmuls and convolutions
-    run in 16 bits; softmax, norms and losses stay fp32 (PyTorch's autocast op lists).
+    run in 16 bits. Which other ops stay fp32 is set by PyTorch's per-device autocast op lists: on
+    CUDA softmax, norms and losses run in fp32; on the CPU with bf16 (checked on torch 2.13) softmax, layer_norm
+    and scaled_dot_product_attention of bf16 inputs return bf16, while cross-entropy stays fp32.
     """
 
     name: str = "fp32"
