@@ -12,6 +12,8 @@ zero_unit       one module's parameters as one flat buffer, padded, sharded acro
                 which unit owns each parameter (a tied one exactly once, a frozen one none)
 zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
 offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
+sequence_layout how context parallelism cuts a sequence across ranks: contiguous or zig-zag chunks
+context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
 events          spans of compute and communication on each rank, for the timelines
 example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
                 script under our launcher and under torchrun
@@ -27,6 +29,7 @@ from .collectives import (
     scatter,
     traffic,
 )
+from .context_parallel import ring_attention
 from .launch import WorkerError, launch
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload
@@ -44,6 +47,7 @@ from .tensor_parallel import (
 from .zero import ZeRO
 
 __all__ = [
+    "ring_attention",
     "launch",
     "WorkerError",
     "broadcast",

@@ -1,0 +1,266 @@
+"""Context parallelism: ring attention, with each of N ranks holding one piece of the sequence.
+
+Tensor and pipeline parallelism split the weights; at 128K tokens it is the activations that no
+longer fit. Context parallelism splits the *sequence*: rank r holds T/N tokens of Q, K and V,
+shape (B, H, T/N, D). Every layer but attention works token by token and needs nothing from the
+other ranks; attention needs every key for every query. Ring attention (Liu, Zaharia & Abbeel
+2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context") keeps Q in place and
+passes the K/V blocks around a ring: at step s rank r holds the K/V of rank (r - s) mod N, computes
+its queries against them, and sends them on to rank r + 1 while it receives the next from r - 1.
+After N steps every query has seen every key, and no rank held more than two K/V blocks at once.
+
+The partial results are combined with FlashAttention's online softmax (``llmedu.kernels.
+flash_attention``), the visiting blocks playing the part of its key tiles. Per query row a running
+maximum m, sum l and unnormalised output acc; for each new block of scores S_j:
+
+    m_new = max(m, rowmax(S_j))    l = exp(m - m_new) l + rowsum(exp(S_j - m_new))
+    acc = exp(m - m_new) acc + exp(S_j - m_new) V_j       ... and at the end O = acc / l, L = m + log l
+
+Backward (FlashAttention-2, Algorithm 2) keeps only O and L. K/V go around the ring once more, the
+probabilities are recomputed exactly, P = exp(S - L), and with D = rowsum(dO * O):
+
+    dV_j += P^T dO    dP = dO V_j^T    dS = P * (dP - D)    dQ += dS K_j / sqrt(d)    dK_j += dS^T Q / sqrt(d)
+
+dQ stays home; the dK_j, dV_j of a block travel around the ring with it and arrive at its owner
+after the N-th step.
+
+Causal masking and load balance. A rank's tokens come in chunks; for each (query chunk, key chunk)
+tile, a later key chunk is skipped, the same chunk is masked (the diagonal), an earlier one is full.
+With the contiguous layout rank r's queries see the keys of ranks 0..r only: rank 0 computes one
+tile and rank N - 1 computes N, and as every ring step waits for the slowest rank, the causal half
+of the work is not saved. The zig-zag layout cuts the sequence into 2N chunks and gives rank r
+chunks r and 2N - 1 - r, an early one and a late one: every rank computes 2N + 1 tiles of (T/2N)^2
+scores. Llama 3 (Dubey et al. 2024, section 3.3.2) uses this split, with an all-gather of K/V
+instead of the ring. ``work_per_rank`` counts the tiles; ``tiles_computed()`` counts those a run
+really computes. RoPE needs each token's global position: ``split_sequence(torch.arange(T), ...)``.
+
+Memory per rank: Q, K, V, O, dO and their gradients, O(T/N) each, the K/V block in flight, and one
+score tile (B, H, c, c) with c = T/N (contiguous) or T/2N (zig-zag). ``attention_peak_memory``
+measures it with ``llmedu.memory.MemoryTracker``.
+
+Numerics: scores, statistics and accumulators in fp32 (fp64 for fp64 inputs). Left out: tiling
+inside a rank's block (a real kernel runs FlashAttention on each block; here one score tile is
+materialised), overlapping the dK/dV transfer with compute (the K/V transfer is overlapped: posted
+before a step's compute, waited for after it), grouped-query attention, masks other than causal,
+dropout, process groups other than the whole world, striped attention (Brandon et al. 2023) and
+all-to-all over heads (DeepSpeed-Ulysses).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .collectives import _shapes_everywhere
+from .sequence_layout import check_layout, chunk_ids, n_chunks, tiles
+
+__all__ = [
+    "ring_attention",
+    "RingAttentionFunction",
+    "work_per_rank",
+    "tiles_computed",
+    "TileCount",
+    "attention_peak_memory",
+]
+
+_KV, _GRAD_KV = 0, 1  # message tags: K/V blocks and their gradients travel the ring at the same time
+
+
+@dataclass
+class TileCount:
+    """(query chunk, key chunk) tiles of ``tile_len`` x ``tile_len`` scores computed by this rank."""
+
+    forward: int = 0
+    backward: int = 0
+    tile_len: int = 0
+
+
+_counters: list[TileCount] = []  # the tiles_computed() blocks this rank is inside
+
+
+@contextmanager
+def tiles_computed() -> Iterator[TileCount]:
+    """Count the tiles ``ring_attention`` computes on this rank inside the block (a count, not a time)."""
+    counter = TileCount()
+    _counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _counters.remove(counter)
+
+
+def work_per_rank(seq_len: int, world: int, layout: str = "contiguous", causal: bool = True) -> list[int]:
+    """Tiles each rank computes in one forward (backward: the same): the schedule, counted, not timed.
+
+    A tile is (T/N)^2 scores in the contiguous layout and (T/2N)^2 in the zig-zag one.
+    """
+    n_chunks(seq_len, world, layout)
+    return [
+        sum(1 for s in range(world) for _ in tiles(r, (r - s) % world, world, layout, causal)) for r in range(world)
+    ]
+
+
+# -- the ring ---------------------------------------------------------------------------------------
+def _post_exchange(send: torch.Tensor, tag: int) -> tuple[torch.Tensor, list]:
+    """Start sending ``send`` to rank + 1 and receiving a tensor like it from rank - 1; return both."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    recv = torch.empty_like(send)
+    works = [dist.irecv(recv, (rank - 1) % world, tag=tag), dist.isend(send, (rank + 1) % world, tag=tag)]
+    return recv, works
+
+
+def _scores(q_i: torch.Tensor, k_j: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """S = Q K^T / sqrt(D) of one tile, (B, H, c, c); on the diagonal query i sees keys j <= i only."""
+    s = (q_i @ k_j.transpose(-2, -1)) * q_i.shape[-1] ** -0.5
+    if diagonal:
+        c = s.shape[-1]
+        future = torch.ones(c, c, dtype=torch.bool, device=s.device).triu(1)  # (c, c), True above the diagonal
+        s = s.masked_fill(future, -math.inf)
+    return s
+
+
+def _world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+class RingAttentionFunction(torch.autograd.Function):
+    """Forward: the online softmax over the visiting K/V blocks. Backward: the ring again, P recomputed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, layout):
+        rank, world = _world()
+        B, H, T, D = q.shape  # T = this rank's tokens, T_full / N
+        n = len(chunk_ids(rank, world, layout))
+        c = T // n  # tokens per chunk
+        wide = torch.promote_types(q.dtype, torch.float32)
+        q_w = q.to(wide)
+        m = torch.full((B, H, T), -math.inf, dtype=wide, device=q.device)  # running max
+        l = torch.zeros_like(m)  # (B, H, T) running sum of exp(s - m)
+        acc = torch.zeros_like(q_w)  # (B, H, T, D) unnormalised output
+        kv = torch.stack([k, v])  # (2, B, H, T, D): one message per step
+        for step in range(world):
+            src = (rank - step) % world  # whose K/V are here now
+            if step < world - 1:
+                incoming, works = _post_exchange(kv, _KV)  # travels while we compute on kv
+            for a, b, diagonal in tiles(rank, src, world, layout, causal):
+                rows = slice(a * c, (a + 1) * c)
+                k_j, v_j = kv[:, :, :, b * c : (b + 1) * c].to(wide)  # (B, H, c, D) each
+                s = _scores(q_w[:, :, rows], k_j, diagonal)  # (B, H, c, c)
+                m_new = torch.maximum(m[:, :, rows], s.amax(dim=-1))  # finite: no row of a tile is all masked
+                p = torch.exp(s - m_new[..., None])  # (B, H, c, c)
+                alpha = torch.exp(m[:, :, rows] - m_new)  # rescales what was summed under the old maximum
+                l[:, :, rows] = alpha * l[:, :, rows] + p.sum(dim=-1)
+                acc[:, :, rows] = alpha[..., None] * acc[:, :, rows] + p @ v_j
+                m[:, :, rows] = m_new
+                for counter in _counters:
+                    counter.forward, counter.tile_len = counter.forward + 1, c
+            if step < world - 1:
+                for work in works:
+                    work.wait()
+                kv = incoming
+        out = (acc / l[..., None]).to(q.dtype)  # (B, H, T, D); every query sees at least one key
+        lse = m + torch.log(l)  # (B, H, T): the logsumexp L, all backward needs beyond Q, K, V, O
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.layout = causal, layout
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        rank, world = _world()
+        T = q.shape[2]
+        c = T // len(chunk_ids(rank, world, ctx.layout))
+        wide = lse.dtype
+        q_w, do = q.to(wide), grad_out.to(wide)  # (B, H, T, D)
+        delta = (do * out.to(wide)).sum(dim=-1)  # (B, H, T): D_i = rowsum(dO * O)
+        dq = torch.zeros_like(q_w)  # (B, H, T, D), stays here
+        kv = torch.stack([k, v])  # (2, B, H, T, D)
+        dkv = torch.zeros(kv.shape, dtype=wide, device=q.device)  # the gradients of the K/V block here
+        for step in range(world):
+            src = (rank - step) % world
+            if step < world - 1:
+                incoming, works = _post_exchange(kv, _KV)
+            for a, b, diagonal in tiles(rank, src, world, ctx.layout, ctx.causal):
+                rows, cols = slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c)
+                k_j, v_j = kv[:, :, :, cols].to(wide)  # (B, H, c, D) each
+                q_i, do_i = q_w[:, :, rows], do[:, :, rows]  # (B, H, c, D)
+                p = torch.exp(_scores(q_i, k_j, diagonal) - lse[:, :, rows, None])  # (B, H, c, c), exact
+                dkv[1][:, :, cols] += p.transpose(-2, -1) @ do_i  # dV_j
+                ds = p * (do_i @ v_j.transpose(-2, -1) - delta[:, :, rows, None])  # softmax's Jacobian
+                dq[:, :, rows] += (ds @ k_j) * q.shape[-1] ** -0.5
+                dkv[0][:, :, cols] += (ds.transpose(-2, -1) @ q_i) * q.shape[-1] ** -0.5  # dK_j
+                for counter in _counters:
+                    counter.backward, counter.tile_len = counter.backward + 1, c
+            if world > 1:  # the gradients follow their block; after the N-th step they are home
+                received, grad_works = _post_exchange(dkv, _GRAD_KV)
+                for work in grad_works:
+                    work.wait()
+                dkv = received
+            if step < world - 1:
+                for work in works:
+                    work.wait()
+                kv = incoming
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    layout: str = "contiguous",
+    check: bool = True,
+) -> torch.Tensor:
+    """Exact attention over the whole sequence, of which this rank holds one part.
+
+    Args:
+        q, k, v: (B, H, T / N, D), this rank's tokens as ``split_sequence(x, rank, N, layout)`` gives them.
+        causal: each token sees itself and the tokens before it in the *full* sequence.
+        layout: "contiguous" (rank r holds chunk r of N) or "zigzag" (chunks r and 2N - 1 - r of 2N).
+        check: first compare shapes and dtypes across ranks (a tiny ring all-gather), so that a
+            mismatch raises the same error on every rank instead of hanging or failing in gloo.
+    Returns:
+        (B, H, T / N, D): this rank's rows of softmax(Q K^T / sqrt(D)) V, in the same layout.
+    Without ``torch.distributed`` initialised (or with one rank) it is plain attention.
+    """
+    check_layout(layout)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(
+                f"{name} must be a 4-D tensor (batch, heads, tokens, head_dim), got {getattr(t, 'shape', t)}"
+            )
+    if not q.shape == k.shape == v.shape:
+        raise ValueError(
+            f"q, k, v must have one shape (no GQA here), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise TypeError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[2] == 0 or (layout == "zigzag" and q.shape[2] % 2):
+        raise ValueError(
+            f"this rank holds {q.shape[2]} tokens: the {layout} layout needs "
+            + ("at least one" if layout == "contiguous" else "an even number (two equal chunks; T divisible by 2N)")
+        )
+    if check and _world()[1] > 1:
+        _shapes_everywhere(q, "ring_attention")  # raises the same ValueError on every rank
+    return RingAttentionFunction.apply(q, k, v, causal, layout)
+
+
+def attention_peak_memory(q: torch.Tensor, causal: bool = True, layout: str = "contiguous") -> int:
+    """Peak bytes on this rank during one forward and backward of ``ring_attention``, measured.
+
+    ``q`` (B, H, T / N, D) is this rank's query block; K and V are copies of it. ``MemoryTracker``
+    counts every storage alive on q's device from the first op that reads it: Q, K, V, the K/V and
+    gradient blocks in flight, O, L, the score tile, dO and the three gradients.
+    """
+    from ..memory import MemoryTracker  # here: the memory package is not needed to run attention
+
+    q, k, v = (q.detach().clone().requires_grad_() for _ in range(3))
+    with MemoryTracker(nn.Module(), device=q.device) as tracker:
+        ring_attention(q, k, v, causal=causal, layout=layout).sum().backward()
+    return tracker.peak_bytes
