@@ -12,6 +12,7 @@ zero_unit       one module's parameters as one flat buffer, padded, sharded acro
                 which unit owns each parameter (a tied one exactly once, a frozen one none)
 zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
 offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
+sequence_parallel Megatron-SP: norms and dropout split along the sequence, g/g-bar (all-gather/reduce-scatter)
 sequence_layout how context parallelism cuts a sequence across ranks: contiguous or zig-zag chunks
 context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
 events          spans of compute and communication on each rank, for the timelines
@@ -34,6 +35,7 @@ from .launch import WorkerError, launch
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload
 from .pipeline_parallel import Pipeline, PipelineStage, bubble_fraction, partition, schedule, theoretical_bubble
+from .sequence_parallel import SequenceParallelMLPBlock, gather_sequence, reduce_scatter_sequence
 from .tensor_parallel import (
     ColumnParallelLinear,
     ParallelAttention,
@@ -48,6 +50,9 @@ from .zero import ZeRO
 
 __all__ = [
     "ring_attention",
+    "SequenceParallelMLPBlock",
+    "gather_sequence",
+    "reduce_scatter_sequence",
     "launch",
     "WorkerError",
     "broadcast",
