@@ -6,6 +6,7 @@ activations   ReLU, GELU (exact, tanh), SiLU; the feed-forward network, plain or
 attention     multi-head / grouped-query / multi-query attention, masks, pluggable kernels
 kv_cache      what the model asks of a KV cache (KVCacheLike), and the contiguous KVCache
 blocks        the serial block (pre-LN, post-LN, sandwich, DeepNorm) and the parallel block
+moe           mixture of experts: top-k router, capacity and dropped tokens, Switch's load-balancing loss, ST-MoE's z-loss
 functional    softmax, log-softmax, log-sum-exp and cross-entropy, stable (the max subtracted) and equal to torch's
 """
 
@@ -14,6 +15,7 @@ from .attention import Attention, get_attention, register_attention, set_attenti
 from .blocks import ParallelBlock, SerialBlock
 from .functional import cross_entropy, log_softmax, logsumexp, softmax
 from .kv_cache import KVCache, KVCacheLike
+from .moe import MoE, MoEStats
 from .norms import LayerNorm, RMSNorm
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "KVCache",
     "KVCacheLike",
     "LayerNorm",
+    "MoE",
+    "MoEStats",
     "ParallelBlock",
     "RMSNorm",
     "SerialBlock",

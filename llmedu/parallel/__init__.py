@@ -15,6 +15,7 @@ offload         ZeRO-Offload: master weights, moments and the optimizer step on 
 sequence_parallel Megatron-SP: norms and dropout split along the sequence, g/g-bar (all-gather/reduce-scatter)
 sequence_layout how context parallelism cuts a sequence across ranks: contiguous or zig-zag chunks
 context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
+experts         expert parallelism: E/N experts per rank, tokens dispatched and combined by two all-to-alls
 events          spans of compute and communication on each rank, for the timelines
 example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
                 script under our launcher and under torchrun
@@ -31,6 +32,7 @@ from .collectives import (
     traffic,
 )
 from .context_parallel import ring_attention
+from .experts import ExpertParallelMoE
 from .launch import WorkerError, launch
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload
@@ -50,6 +52,7 @@ from .zero import ZeRO
 
 __all__ = [
     "ring_attention",
+    "ExpertParallelMoE",
     "SequenceParallelMLPBlock",
     "gather_sequence",
     "reduce_scatter_sequence",
