@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..nn.moe import MoE, MoEStats, run_experts
-from .p2p import _active
+from .p2p import count_sent
 
 __all__ = ["ExpertParallelMoE", "ExpertParallelStats", "all_to_all", "all_reduce_replicated_grads"]
 
@@ -66,9 +66,8 @@ def _all_to_all(x: torch.Tensor, recv_splits: list[int], send_splits: list[int],
     out = x.new_empty((sum(recv_splits), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
     row_bytes = math.prod(x.shape[1:]) * x.element_size()
-    for counter in _active:  # p2p.traffic(): only what leaves this rank
-        counter.bytes_sent += (sum(send_splits) - send_splits[rank]) * row_bytes
-        counter.messages_sent += sum(1 for j, s in enumerate(send_splits) if s > 0 and j != rank)
+    sent = (sum(send_splits) - send_splits[rank]) * row_bytes  # p2p.traffic(): only what leaves this rank
+    count_sent(sent, sum(1 for j, s in enumerate(send_splits) if s > 0 and j != rank))
     return out
 
 
@@ -143,9 +142,7 @@ class ExpertParallelMoE(nn.Module):
 
         row_bytes = self.d_model * tokens.element_size()
         count_bytes = (self.n_experts - n_local) * send_counts.element_size()
-        for counter in _active:  # the counts all-to-all, which _all_to_all did not see
-            counter.bytes_sent += count_bytes
-            counter.messages_sent += n - 1
+        count_sent(count_bytes, n - 1)  # the counts all-to-all, which _all_to_all did not see
         sent_rows = (sum(send_splits) - send_splits[rank]) + (sum(recv_splits) - recv_splits[rank])
         ep_stats = ExpertParallelStats(
             **vars(stats),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Traffic", "traffic"]
+__all__ = ["Traffic", "traffic", "count_sent"]
 
 
 @dataclass
@@ -46,6 +46,13 @@ def traffic() -> Iterator[Traffic]:
         _active.remove(counter)
 
 
+def count_sent(nbytes: int, messages: int) -> None:
+    """Add what a collective sent outside ``exchange`` (an all-to-all, say) to the open ``traffic()`` counters."""
+    for counter in _active:
+        counter.bytes_sent += nbytes
+        counter.messages_sent += messages
+
+
 def _exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int, count: bool = True) -> None:
     """Send ``send`` to ``dst`` while receiving into ``recv`` from ``src``; wait for both.
 
@@ -58,9 +65,7 @@ def _exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, sr
         works.append(dist.irecv(recv, src))
     if send is not None and send.numel() > 0:
         if count:
-            for counter in _active:
-                counter.bytes_sent += send.numel() * send.element_size()
-                counter.messages_sent += 1
+            count_sent(send.numel() * send.element_size(), 1)
         works.append(dist.isend(send, dst))
     for work in works:
         work.wait()
