@@ -39,6 +39,7 @@ __all__ = [
     "synchronize",
     "Timer",
     "sigterm_as_interrupt",
+    "process_alive",
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -172,3 +173,14 @@ def sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def process_alive(pid: int) -> bool:
+    """Does process ``pid`` still exist? (Used to clean up what dead processes left behind.)"""
+    try:
+        os.kill(pid, 0)  # signal 0 delivers nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists but belongs to someone else
+    return True

@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from ..runtime import process_alive
+
 __all__ = [
     "Relay",
     "job_folder",
@@ -58,19 +60,9 @@ def job_folder() -> Path:
     """A new temporary folder named after this process; folders of dead launchers are removed."""
     for old in Path(tempfile.gettempdir()).glob(_PREFIX + "*"):
         pid = old.name[len(_PREFIX) :].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)  # another user's folder stays: not ours to remove
     return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0 delivers nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists but belongs to someone else
-    return True
 
 
 def describe_exit(code: int) -> str:

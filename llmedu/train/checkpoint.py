@@ -41,6 +41,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..data.cache import sha256_of
+from ..runtime import process_alive
 
 __all__ = ["CheckpointError", "save", "load", "load_latest", "latest", "checkpoints", "checkpoint_name"]
 
@@ -78,18 +79,8 @@ def _remove_leftovers(root: Path) -> None:
     """Delete temporary folders that a process killed while saving left behind (their writer is dead)."""
     for tmp in root.glob(".step-*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 # -- saving --------------------------------------------------------------------------------------
