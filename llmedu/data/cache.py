@@ -24,7 +24,15 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_dir", "sha256_of", "write_atomically", "write_derived", "read_derived", "derived_path"]
+__all__ = [
+    "cache_dir",
+    "sha256_of",
+    "make_readable",
+    "write_atomically",
+    "write_derived",
+    "read_derived",
+    "derived_path",
+]
 
 
 def cache_dir() -> Path:
@@ -47,27 +55,32 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it: put it straight back
+def make_readable(path: Path) -> None:
+    """Give ``path`` the mode an ordinary ``open(path, "w")`` would (0644 under the usual umask), not
+    the 0600 of a temporary file, so that one cache folder can serve several users."""
+    mask = os.umask(0)  # the only way to read the umask is to set it: put it straight back
     os.umask(mask)
-    return mask
+    os.chmod(path, 0o666 & ~mask)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader (another process) never sees half a file.
-
-    The file gets the mode an ordinary ``open(path, "w")`` would give (0644 under the usual umask),
-    not the 0600 of a temporary file.
-    """
+    """Write ``data`` to ``path`` so that a reader (another process) never sees half a file; its mode
+    is an ordinary file's (``make_readable``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
         tmp.write(data)
-    os.chmod(tmp.name, 0o666 & ~_umask())
+    make_readable(Path(tmp.name))
     os.replace(tmp.name, path)
 
 
 def _checksum_file(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    """The sha256 written beside ``path`` by ``write_derived``, or None if there is none."""
+    checksum = _checksum_file(path)
+    return checksum.read_text().strip() if checksum.is_file() else None
 
 
 _trusted: dict[Path, tuple[int, int]] = {}  # derived files this process has checked: path -> (size, mtime_ns)
@@ -85,13 +98,11 @@ def read_derived(path: Path) -> bytes | None:
     None means: rebuild it from its archive (``write_derived``). A file without a recorded sha256
     (written by an older llmedu) counts as missing.
     """
-    checksum = _checksum_file(path)
-    if not path.is_file() or not checksum.is_file():
+    recorded = _recorded_sha256(path)
+    if recorded is None or not path.is_file():
         return None
     data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != checksum.read_text().strip():
-        return None
-    return data
+    return data if hashlib.sha256(data).hexdigest() == recorded else None
 
 
 def derived_path(path: Path) -> Path | None:
@@ -106,8 +117,8 @@ def derived_path(path: Path) -> Path | None:
         return None
     if _trusted.get(path) == (stat.st_size, stat.st_mtime_ns):
         return path
-    checksum = _checksum_file(path)
-    if not checksum.is_file() or sha256_of(path) != checksum.read_text().strip():
+    recorded = _recorded_sha256(path)
+    if recorded is None or sha256_of(path) != recorded:
         return None
     _trusted[path] = (stat.st_size, stat.st_mtime_ns)
     return path

@@ -255,7 +255,6 @@ def fetch(names: list[str] | None = None, force: bool = False, quiet: bool = Fal
                 raise RuntimeError(
                     f"{archive.filename}: sha256 {found}, expected {archive.sha256}; not kept, not opened"
                 )
-            os.chmod(got, 0o644)
             os.replace(got, path)
         _verified.add(path)
         say(f"{step}: {path.stat().st_size / 2**20:.1f} MiB, checksum ok")
