@@ -187,12 +187,13 @@ def load_adapter(model: nn.Module, path: str | Path, *, other_base: bool = False
     ``base_fingerprint`` differs) is refused unless ``other_base=True`` says that is what you want.
     """
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no adapter file at {path}")
-    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:  # the tensors and the metadata, in one read
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+        recorded = (f.metadata() or {}).get("llmedu.base")
     params = dict(model.named_parameters())
     wanted = set(adapter_state_dict(model))
     missing, unexpected = sorted(wanted - set(tensors)), sorted(set(tensors) - set(params))
@@ -201,12 +202,11 @@ def load_adapter(model: nn.Module, path: str | Path, *, other_base: bool = False
             f"{path.name} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]} "
             "(apply the same method with the same settings before loading)"
         )
-    with safe_open(str(path), framework="pt") as f:
-        recorded = (f.metadata() or {}).get("llmedu.base")
-    if recorded is not None and not other_base and recorded != base_fingerprint(model):
+    ours = base_fingerprint(model) if recorded is not None and not other_base else None
+    if ours is not None and recorded != ours:
         raise ValueError(
             f"{path.name} was trained on another base model (fingerprint {recorded}, this model's "
-            f"{base_fingerprint(model)}): load the base it was trained on, or pass other_base=True"
+            f"{ours}): load the base it was trained on, or pass other_base=True"
         )
     wrong = [(n, t.shape, params[n].shape) for n, t in tensors.items() if params[n].shape != t.shape]
     if wrong:  # checked for every tensor before any is copied: no half-loaded model
