@@ -257,18 +257,19 @@ def _apply_gradients(
     if policy.scaler:
         policy.scaler.unscale_(optimizer)  # the true gradients, before measuring or clipping
     grad_norm = global_grad_norm(params)  # params without a .grad are skipped
-    bad = "loss" if not math.isfinite(loss) else "" if policy.scaler or torch.isfinite(grad_norm) else "gradient norm"
-    if bad:  # the scaler skips overflowed steps itself; anything else non-finite is a fault
-        value = loss if bad == "loss" else grad_norm.item()
-        message = f"step {step + 1}: the {bad} is {value}"
+    message = None  # the scaler skips overflowed steps itself; anything else non-finite is a fault
+    if not math.isfinite(loss):
+        message = f"step {step + 1}: the loss is {loss}"
+    elif policy.scaler is None and not torch.isfinite(grad_norm):
+        message = f"step {step + 1}: the gradient norm is {grad_norm.item()}"
+    if message:
+        optimizer.zero_grad(set_to_none=True)
         if config.nonfinite == "raise":
-            optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(
                 f"{message}; training stopped before applying or checkpointing it "
                 "(TrainConfig(nonfinite='skip') skips such steps instead)"
             )
         warnings.warn(f"{message}; the step is skipped", RuntimeWarning, stacklevel=3)
-        optimizer.zero_grad(set_to_none=True)
         return grad_norm, False
     if config.clip_grad_norm is not None:
         clip_grads_with_norm(params, config.clip_grad_norm, grad_norm)
