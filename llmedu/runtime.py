@@ -6,8 +6,10 @@ Every lesson starts here:
 * ``autocast_dtype(device)`` is the low-precision type worth using there (bf16 where the
   hardware has it, fp16 on older GPUs).
 * ``seed_everything(seed)`` seeds Python, NumPy and PyTorch (every device) in one call.
-* ``FAST`` is True when ``LLMEDU_FAST`` is set to a true value: notebooks then shrink their
-  configs so that each runs in about a minute on two CPU cores. The tests turn it on.
+* ``FAST`` says whether lessons run their small configs (about a minute each on two CPU cores) or
+  their full ones. ``LLMEDU_FAST=1``/``0`` decides; unset, the mode follows the machine: fast
+  without a CUDA GPU (a laptop finishes a lesson in minutes), full with one. ``mode_banner()`` is
+  the line each lesson prints first, saying which mode it is in and how to switch.
 * ``Timer`` measures wall-clock time, synchronising the accelerator so that asynchronous
   kernels are counted where they run, not where they were launched.
 * ``sigterm_as_interrupt()`` makes SIGTERM (a job scheduler's "stop now") raise KeyboardInterrupt,
@@ -33,6 +35,7 @@ import torch
 __all__ = [
     "FAST",
     "fast_mode",
+    "mode_banner",
     "device",
     "autocast_dtype",
     "seed_everything",
@@ -43,12 +46,14 @@ __all__ = [
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
+_FALSE = {"0", "false", "no", "off"}
 
 
-def fast_mode(value: str | None = None) -> bool:
+def fast_mode(value: str | None = None, *, has_cuda: bool | None = None) -> bool:
     """Parse ``LLMEDU_FAST`` (or ``value``): 1/true/yes/on or 0/false/no/off, any case.
 
+    Unset or empty, the machine decides: fast mode unless a CUDA GPU is present (``has_cuda``
+    overrides the probe), so that a lesson opened on a laptop finishes in minutes, not hours.
     Anything else is an error rather than a silent default: a typo in CI must not quietly run
     the full-size lessons for hours.
     """
@@ -58,6 +63,8 @@ def fast_mode(value: str | None = None) -> bool:
         return True
     if key in _FALSE:
         return False
+    if key == "":
+        return not (torch.cuda.is_available() if has_cuda is None else has_cuda)
     raise ValueError(
         f"LLMEDU_FAST={raw!r} is not understood; use 1/true/yes/on for the fast mode "
         "or 0/false/no/off (or leave it unset) for the full mode."
@@ -65,6 +72,25 @@ def fast_mode(value: str | None = None) -> bool:
 
 
 FAST: bool = fast_mode()
+
+
+def mode_banner() -> str:
+    """One line for the top of a lesson: which mode runs, why, and how to switch."""
+    raw = os.environ.get("LLMEDU_FAST", "").strip()
+    why = (
+        f"LLMEDU_FAST={raw}"
+        if raw
+        else ("LLMEDU_FAST unset, a CUDA GPU present" if not FAST else "LLMEDU_FAST unset, no CUDA GPU")
+    )
+    if FAST:
+        return (
+            f"fast mode ({why}): small configs, seconds to a minute a cell on 2 CPU cores. For the full "
+            "experiments put `%env LLMEDU_FAST=0` above the imports and restart the kernel."
+        )
+    return (
+        f"full mode ({why}): the full-size experiments (the lesson's header says how long). For small "
+        "configs put `%env LLMEDU_FAST=1` above the imports and restart the kernel."
+    )
 
 
 def device(prefer: str | None = None) -> torch.device:

@@ -21,7 +21,6 @@ def test_fast_mode_is_on_in_tests():
         ("TRUE", True),
         (" on ", True),
         ("yes", True),
-        ("", False),
         ("0", False),
         ("off", False),
         ("False", False),
@@ -29,6 +28,23 @@ def test_fast_mode_is_on_in_tests():
 )
 def test_fast_mode_parses(value, expected):
     assert runtime.fast_mode(value) is expected
+
+
+@pytest.mark.parametrize("has_cuda, expected", [(False, True), (True, False)])
+def test_unset_mode_follows_the_machine(has_cuda, expected):
+    # a laptop opening a lesson gets minutes, not hours; a GPU gets the real experiment
+    assert runtime.fast_mode("", has_cuda=has_cuda) is expected
+    assert runtime.fast_mode("  ", has_cuda=has_cuda) is expected
+
+
+def test_mode_banner_says_the_mode_and_the_switch(monkeypatch):
+    banner = runtime.mode_banner()
+    assert banner.startswith("fast mode (LLMEDU_FAST=1)")  # conftest sets it
+    assert "%env LLMEDU_FAST=0" in banner
+    monkeypatch.setattr(runtime, "FAST", False)
+    monkeypatch.setenv("LLMEDU_FAST", "0")
+    assert runtime.mode_banner().startswith("full mode (LLMEDU_FAST=0)")
+    assert "%env LLMEDU_FAST=1" in runtime.mode_banner()
 
 
 @pytest.mark.parametrize("value", ["2", "fast", "y", "maybe"])
