@@ -1,4 +1,4 @@
-"""Graders for lesson 18 (Cramming): packing, sparse prediction, the wall-clock budget.
+"""Graders for lesson 22, the capstone (Cramming): packing, sparse prediction, the wall-clock budget.
 
 check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
                                stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding
