@@ -23,3 +23,26 @@ def tiny_bert():
         attention_probs_dropout_prob=0.0,
     )
     return BertForSequenceClassification(config).eval()
+
+
+@pytest.fixture(scope="module")
+def make_tiny_llama():
+    """Builds a tiny random ``transformers`` Llama (width 32, 4 query heads sharing 2 K/V heads, so that
+    grouped-query attention is exercised), seeded and in eval mode: ``make_tiny_llama(num_hidden_layers=3)``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make(num_hidden_layers: int = 2):
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+        return LlamaForCausalLM(config).eval()
+
+    return make

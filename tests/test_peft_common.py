@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmedu.peft import (
     MultiLoRAModel,
@@ -30,18 +29,8 @@ from llmedu.peft.lora import LoRALinear
 
 
 @pytest.fixture(scope="module")
-def llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config).eval()
+def llama(make_tiny_llama):
+    return make_tiny_llama()
 
 
 IDS = torch.randint(0, 64, (3, 6), generator=torch.Generator().manual_seed(3))

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+from transformers import BertConfig, BertModel
 
 from llmedu.models.hf import from_hf
 from llmedu.peft import PrefixTuning, PromptTuning, apply_adapters, apply_llama_adapter, apply_lora, count_parameters
@@ -20,18 +20,8 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def llamas():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    hf = LlamaForCausalLM(config).eval()
+def llamas(make_tiny_llama):
+    hf = make_tiny_llama()
     return hf, from_hf(hf).eval()
 
 

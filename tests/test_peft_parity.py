@@ -11,7 +11,6 @@ import copy
 import peft
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmedu.peft import (
     AdaptionPromptAttention,
@@ -28,18 +27,8 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(config).eval()
+def llama(make_tiny_llama):
+    return make_tiny_llama(num_hidden_layers=3)
 
 
 @pytest.fixture(scope="module")
