@@ -25,6 +25,10 @@ quantize m with the signed map and v (>= 0) with the unsigned map, keep only the
 Like bitsandbytes, tensors with fewer than ``min_8bit_size`` elements (biases, norms) keep fp32
 moments: they are a small share of the memory, and quantizing them saves nothing worth the error.
 
+The parameters themselves are updated in their own dtype. On bf16 parameters an update smaller than
+half a bf16 ulp of the weight (``lr * m / sqrt(v)`` below ~2^-9 of |w|) rounds away, every step: keep
+fp32 master weights (lesson 07's ``precision``) when the parameters are bf16, as the paper does.
+
 Left out: the paper's stable embedding layer (Section 2.3: a LayerNorm after the embedding, and its
 moments in 32-bit), the fused CUDA kernel that does all of this without the fp32 temporaries
 (here the dequantized m and v of one tensor exist for the length of its update), paged optimizer
