@@ -264,3 +264,28 @@ def test_without_prctl_a_rank_exits_when_its_stdin_ends():
     child.stdin.close()  # what the kernel does when the launcher dies
     assert child.wait(timeout=10) == 1
     child.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_rank_that_never_starts_is_named_with_its_stack(tmp_path, monkeypatch):
+    """Start-up has its own bound: a worker module that blocks at import time in one rank (only the
+    children have RANK set, so the launcher itself imports it at once) is caught after ``startup`` s. 20 s:
+    rank 0 must get through importing torch meanwhile, even on a loaded 2-core machine."""
+    (tmp_path / "blocks_in_rank_1.py").write_text(
+        "import os, time\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    time.sleep(1e6)  # a lock, a prompt, a server that never answers\n"
+        "def worker():\n"
+        "    return 0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from blocks_in_rank_1 import worker
+
+    with pytest.raises(WorkerError, match="rank 1 did not start in time") as info:
+        launch(worker, 2, startup=20, echo=False)
+    message = str(info.value)
+    assert "rank 1 had not reached the start-up barrier 20 s (startup) after launch" in message
+    assert "[rank 1]" in message and "blocks_in_rank_1.py" in message  # its stack points at the import
+    with pytest.raises(ValueError, match="startup"):
+        launch(worker, 2, startup=0)

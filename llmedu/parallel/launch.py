@@ -43,9 +43,11 @@ raises ``WorkerError``, which names the rank to blame):
 * The **launcher dies** (a restarted kernel): its ranks die with it, and its temporary folder
   is removed by the next launch (``processes.py``).
 
-Start-up does not count against ``timeout``: ranks wait for each other without limit before
-joining the group, as importing PyTorch on a busy machine takes as long as it takes, and a
-rank that dies meanwhile is noticed at once.
+* A rank **never starts**: importing PyTorch and the worker's modules on a busy machine may take a
+  while, so start-up does not count against ``timeout``; it has its own bound, ``startup`` (default
+  300 s), after which the ranks that have not reached the start-up barrier are named, with their
+  stacks (a deadlocked import, a worker module that blocks at import time). A rank that dies
+  meanwhile is noticed at once.
 
 Left out: several machines (use ``torchrun``), restarts on failure (torchelastic), Windows.
 """
@@ -68,11 +70,21 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .processes import TIMEOUT_HINT, Relay, blame, exit_with_parent, job_folder, stop, watch_for_stack_requests
+from .processes import (
+    TIMEOUT_HINT,
+    Relay,
+    blame,
+    exit_with_parent,
+    job_folder,
+    not_started,
+    stop,
+    watch_for_stack_requests,
+)
 
 __all__ = ["launch", "WorkerError"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_STARTED = "llmedu/started"  # each rank sets {_STARTED}/{rank} on reaching the start-up barrier
 _EVERYONE_STARTED = "llmedu/everyone started"  # key of the start-up barrier in the launcher's store
 
 
@@ -91,6 +103,7 @@ def launch(
     backend: str | None = None,
     timeout: float = 30.0,
     deadline: float | None = None,
+    startup: float = 300.0,
     echo: bool = True,
     **kwargs: Any,
 ) -> list[Any]:
@@ -100,9 +113,10 @@ def launch(
     ``dist.get_world_size()`` say who it is. Return values travel back pickled, so return CPU
     tensors or plain Python. ``backend`` is ``"nccl"`` or ``"gloo"`` (default: nccl if there
     is a GPU per rank). ``timeout`` bounds every collective, in seconds. ``deadline``, if given,
-    bounds the worker's run, in seconds from when every rank has started (new processes only). ``echo`` prints
-    each rank's output prefixed by ``[rank r]``. The names ``backend``, ``timeout``,
-    ``deadline`` and ``echo`` are therefore not passed on to the worker.
+    bounds the worker's run, in seconds from when every rank has started (new processes only). ``startup``
+    bounds the start of the new processes, up to the moment every rank is ready to join the group. ``echo``
+    prints each rank's output prefixed by ``[rank r]``. The names ``backend``, ``timeout``, ``deadline``,
+    ``startup`` and ``echo`` are therefore not passed on to the worker.
     """
     if not callable(worker):
         raise TypeError(f"worker must be a function, got {type(worker).__name__}")
@@ -112,6 +126,8 @@ def launch(
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
     if deadline is not None and deadline <= 0:
         raise ValueError(f"deadline must be positive seconds or None, got {deadline!r}")
+    if startup <= 0:
+        raise ValueError(f"startup must be positive seconds, got {startup!r}")
     if backend not in (None, "gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
 
@@ -120,7 +136,7 @@ def launch(
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         return _run_in_this_process(worker, world_size, args, kwargs, backend, timeout)
     backend = backend or default_backend(world_size)
-    return _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, echo)
+    return _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, startup, echo)
 
 
 def default_backend(world_size: int) -> str:
@@ -156,7 +172,7 @@ def _join_group(backend: str, timeout: float) -> None:
 
 
 # -- from a notebook: start fresh interpreters -------------------------------------------------
-def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, echo) -> list[Any]:
+def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, startup, echo) -> list[Any]:
     folder = job_folder()
     # the rendezvous point, hosted here as torchrun's agent hosts it: binding port 0 lets the OS
     # pick a free port and hold it for us, where "find a free port, let rank 0 bind it later"
@@ -177,7 +193,7 @@ def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, de
                     stderr=subprocess.STDOUT,
                 )
             )
-        _watch(procs, folder, echo, deadline, timeout, store)
+        _watch(procs, folder, echo, deadline, timeout, store, startup)
         return [cloudpickle.loads((folder / f"result{rank}.pkl").read_bytes()) for rank in range(world_size)]
     finally:
         stop(procs)
@@ -208,8 +224,19 @@ def _child_environment(world_size: int, backend: str, timeout: float, port: int)
     return env
 
 
-def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: float | None, timeout: float, store):
+def _watch(
+    procs: list[subprocess.Popen],
+    folder: Path,
+    echo: bool,
+    deadline: float | None,
+    timeout: float,
+    store,
+    startup: float = 300.0,
+):
     """Relay output until every rank has exited with a result; on a failure, stop all and raise.
+
+    Until every rank has reached the start-up barrier, ``startup`` seconds (from now) bound the wait;
+    past them the ranks that have not arrived are named, with their stacks.
 
     The ``deadline`` counts from the moment every rank has started (the start-up barrier in
     ``store`` is passed): it bounds the worker, however long start-up took on a busy machine.
@@ -218,10 +245,17 @@ def _watch(procs: list[subprocess.Popen], folder: Path, echo: bool, deadline: fl
     """
     relay = Relay(procs, echo)
     give_up, first_done = None, None
+    started, start_by = False, time.monotonic() + startup
     while relay.selector.get_map() or any(p.poll() is None for p in procs):
         relay.pump(wait=0.1)
-        if deadline is not None and give_up is None and store.check([_EVERYONE_STARTED]):
+        started = started or store.check([_EVERYONE_STARTED])
+        if deadline is not None and give_up is None and started:
             give_up = time.monotonic() + deadline
+        if not started and time.monotonic() > start_by and all(p.poll() is None for p in procs):
+            absent = [r for r in range(len(procs)) if not store.check([f"{_STARTED}/{r}"])]
+            detail = not_started(procs, folder, absent, startup)
+            stop(procs)
+            raise WorkerError(absent[0], detail, "did not start in time:")
         exited = [r for r, p in enumerate(procs) if p.poll() is not None]
         failed = [r for r in exited if not (folder / f"result{r}.pkl").exists()]
         if exited and first_done is None and not failed:
@@ -287,6 +321,7 @@ def _wait_for_every_rank() -> None:
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(days=1)
     )
-    if store.add("llmedu/started", 1) == int(os.environ["WORLD_SIZE"]):
+    store.set(f"{_STARTED}/{os.environ['RANK']}", "")
+    if store.add(_STARTED, 1) == int(os.environ["WORLD_SIZE"]):
         store.set(_EVERYONE_STARTED, "")
     store.wait([_EVERYONE_STARTED])

@@ -45,6 +45,7 @@ __all__ = [
     "describe_exit",
     "watch_for_stack_requests",
     "stacks",
+    "not_started",
     "stop",
     "blame",
     "TIMEOUT_HINT",
@@ -200,6 +201,16 @@ def blame(
             "result; all were stopped."
         )
     return running[0], "did not finish in time:", detail + _where(procs, running, folder, "still running")
+
+
+def not_started(procs, folder: Path, absent: list[int], startup: float) -> str:
+    """Why launch gave up before the ranks joined: who never arrived, and where they are."""
+    detail = (
+        f"{_ranks(absent)} had not reached the start-up barrier {startup:g} s (startup) after launch; "
+        "all were stopped. Start-up is the child's import of the worker and its modules: one that blocks "
+        "at import time (waits for input, a lock, a server) shows in the stack below."
+    )
+    return detail + _where(procs, absent, folder, "still starting")
 
 
 def _where(procs, ranks: list[int], folder: Path, what: str) -> str:
