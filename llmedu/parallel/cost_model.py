@@ -1,0 +1,193 @@
+"""What a collective costs on a given link, and the clusters the planner reasons about.
+
+The alpha-beta model (Hockney 1994; for collectives, Thakur, Rabenseifner & Gropp 2005, "Optimization
+of Collective Communication Operations in MPICH", and Chan et al. 2007): sending n bytes over one link
+takes ``alpha + n / beta``, alpha the latency of a message and beta the bandwidth of the link in one
+direction. A ring collective over p ranks is p - 1 (or 2(p - 1)) steps in which every rank sends a
+1/p chunk at once, each over its own link, so
+
+    all-gather, reduce-scatter   (p - 1) * (alpha + n / (p * beta))           n: the full buffer
+    all-reduce (ring)            2 (p - 1) * (alpha + n / (p * beta))         = reduce-scatter + all-gather
+    all-reduce (tree)            2 * ceil(log2 p) * alpha + 2 n / beta        latency-bound small messages
+    all-to-all (pairwise)        (p - 1) * (alpha + n / (p * beta))          n: what one rank sends in all
+    send/recv                    alpha + n / beta
+
+``bytes_sent`` gives the bytes each rank puts on the wire for each of them: for the ring all-reduce it
+is ``2 (p - 1) n / p``, which is what our ``ring_all_reduce`` sends (``collectives.ring_all_reduce_bytes``,
+checked in the tests). NCCL picks between ring and tree by message size (``all_reduce_time`` takes the
+faster of the two, as its tuner would).
+
+**Bandwidth is per direction.** NVIDIA quotes NVLink as the sum over both directions (A100: 600 GB/s,
+H100: 900 GB/s); a ring sends and receives at once, so the figure that bounds it is half: 300 and
+450 GB/s. InfiniBand is quoted per direction per port (HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s),
+one port per GPU in a DGX node. A group that spans nodes runs at the speed of its slowest link.
+
+Left out: contention between groups that share a link (TP and DP traffic at once), in-network
+reduction (SHARP), NCCL's protocol choices (LL/LL128/Simple) and its pipelining of a ring's chunks,
+topology beyond "inside a node or not".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from ..hardware.specs import ACCELERATORS, Accelerator
+
+__all__ = [
+    "Link",
+    "Cluster",
+    "CLUSTERS",
+    "cluster",
+    "bytes_sent",
+    "collective_time",
+    "ETHERNET",
+    "all_reduce_time",
+]
+
+GB = 1e9
+US = 1e-6
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link: bandwidth in one direction (bytes/s) and the latency of one message (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    source: str
+
+    def __post_init__(self):
+        if not self.bandwidth > 0 or not self.latency >= 0:
+            raise ValueError(f"link {self.name!r}: bandwidth must be > 0 and latency >= 0")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` machines of ``gpus_per_node`` accelerators; ``intra`` links inside a node, ``inter`` between.
+
+    ``efficiency`` is the fraction of the accelerator's 16-bit peak that a transformer's large matmuls
+    sustain (its own provenance in ``efficiency_source``); ``host`` is the link to host memory that
+    ZeRO-Offload uses, ``host_bandwidth`` the host memory's bandwidth that a CPU optimizer step streams through.
+    """
+
+    name: str
+    accelerator: Accelerator
+    gpus_per_node: int
+    nodes: int
+    intra: Link
+    inter: Link
+    efficiency: float
+    efficiency_source: str
+    host: Link
+    host_bandwidth: float
+    notes: str = field(default="")
+
+    def __post_init__(self):
+        if self.gpus_per_node < 1 or self.nodes < 1:
+            raise ValueError(f"cluster {self.name!r}: gpus_per_node and nodes must be >= 1")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"cluster {self.name!r}: efficiency must be in (0, 1], got {self.efficiency}")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def flops(self) -> float:
+        """Sustained 16-bit matmul FLOP/s of one accelerator: peak x efficiency."""
+        return self.accelerator.peak_flops_16bit * self.efficiency
+
+    def link(self, group_size: int, stride: int = 1) -> Link:
+        """The slowest link a group of ``group_size`` ranks, ``stride`` apart in rank order, crosses.
+
+        Ranks fill nodes in order, so a group stays inside one node only if its span divides the node
+        (TP6 on 8-GPU nodes has groups that straddle two).
+        """
+        span = group_size * stride
+        return self.intra if span <= self.gpus_per_node and self.gpus_per_node % span == 0 else self.inter
+
+
+def _spec(name: str) -> Accelerator:
+    return next(a for a in ACCELERATORS if a.name == name)
+
+
+NVLINK3 = Link("NVLink 3 (A100)", 300 * GB, 5 * US, "A100 datasheet: 600 GB/s both directions; half per direction")
+NVLINK4 = Link("NVLink 4 (H100)", 450 * GB, 5 * US, "H100 datasheet: 900 GB/s both directions; half per direction")
+HDR = Link("InfiniBand HDR", 25 * GB, 10 * US, "200 Gb/s per port, one port per GPU (DGX A100 user guide)")
+NDR = Link("InfiniBand NDR", 50 * GB, 10 * US, "400 Gb/s per port, one port per GPU (DGX H100 user guide)")
+ETHERNET = Link("100 Gb Ethernet", 12.5 * GB, 30 * US, "100 Gb/s per node, shared by its GPUs: a slow cluster")
+PCIE4 = Link("PCIe 4.0 x16", 25 * GB, 5 * US, "PCIe 4.0 x16: 32 GB/s raw, ~25 GB/s achieved per direction")
+PCIE5 = Link("PCIe 5.0 x16", 50 * GB, 5 * US, "PCIe 5.0 x16: 64 GB/s raw, ~50 GB/s achieved per direction")
+_LATENCY_NOTE = "latencies are assumed orders of magnitude of NCCL's small-message times, not measurements"
+_EFFICIENCY = (
+    0.6,
+    "assumed: large bf16 GEMMs sustain ~60% of peak; Narayanan et al. 2021 (Table 1) report 44-52% of peak end to end",
+)
+
+
+def _node(name: str, gpu: str, gpus: int, intra: Link, inter: Link, host: Link) -> Cluster:
+    # 200 GB/s: the host memory bandwidth of a two-socket server (assumed), what a CPU Adam streams through
+    return Cluster(name, _spec(gpu), gpus, 1, intra, inter, *_EFFICIENCY, host, 200 * GB, _LATENCY_NOTE)
+
+
+CLUSTERS: dict[str, Cluster] = {
+    "a100": _node("a100", "A100 SXM 80GB", 1, NVLINK3, HDR, PCIE4),  # one GPU in a server
+    "dgx-a100": _node("dgx-a100", "A100 SXM 80GB", 8, NVLINK3, HDR, PCIE4),
+    "dgx-h100": _node("dgx-h100", "H100 SXM", 8, NVLINK4, NDR, PCIE5),
+}
+
+
+def cluster(name: str, nodes: int | None = None, *, inter: Link | None = None) -> Cluster:
+    """A preset (``CLUSTERS``), optionally with ``nodes`` nodes and another inter-node link (e.g. ``ETHERNET``)."""
+    if name not in CLUSTERS:
+        raise ValueError(f"unknown cluster {name!r}; presets: {', '.join(CLUSTERS)}")
+    base = CLUSTERS[name]
+    changes = {}
+    if nodes is not None:
+        if not isinstance(nodes, int) or nodes < 1:
+            raise ValueError(f"nodes must be a positive int, got {nodes!r}")
+        changes["nodes"] = nodes
+        changes["name"] = f"{nodes}x {name}"
+    if inter is not None:
+        changes["inter"] = inter
+        changes["name"] = f"{changes.get('name', name)}, {inter.name}"
+    return replace(base, **changes)
+
+
+def _check(kind: str, nbytes: float, p: int) -> None:
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; one of {COLLECTIVES}")
+    if not isinstance(p, int) or p < 1:
+        raise ValueError(f"group size must be a positive int, got {p!r}")
+    if nbytes < 0:
+        raise ValueError(f"bytes must be >= 0, got {nbytes}")
+
+
+def bytes_sent(kind: str, nbytes: float, p: int) -> float:
+    """Bytes one rank sends in a ring ``kind`` over ``p`` ranks on a buffer of ``nbytes`` (see the table above)."""
+    _check(kind, nbytes, p)
+    if kind == "send":
+        return float(nbytes)
+    steps = 2 * (p - 1) if kind == "all_reduce" else p - 1
+    return steps * nbytes / p
+
+
+def collective_time(kind: str, nbytes: float, p: int, link: Link) -> float:
+    """Seconds for a ring ``kind`` (or one ``send``) of ``nbytes`` over ``p`` ranks on ``link``: alpha-beta."""
+    _check(kind, nbytes, p)
+    if p == 1 and kind != "send":
+        return 0.0
+    steps = 1 if kind == "send" else 2 * (p - 1) if kind == "all_reduce" else p - 1
+    return steps * link.latency + bytes_sent(kind, nbytes, p) / link.bandwidth
+
+
+def all_reduce_time(nbytes: float, p: int, link: Link) -> tuple[float, str]:
+    """The faster of a ring and a (double binary) tree all-reduce, and which one it was."""
+    ring = collective_time("all_reduce", nbytes, p, link)
+    if p == 1:
+        return ring, "ring"
+    tree = 2 * math.ceil(math.log2(p)) * link.latency + 2 * nbytes / link.bandwidth
+    return (tree, "tree") if tree < ring else (ring, "ring")

@@ -1,0 +1,233 @@
+"""The memory and the step time of one parallel layout, on paper: the planner's cost model.
+
+A layout splits ``world = dp * tp * pp * cp`` ranks (``ep`` experts groups inside dp) and picks a ZeRO
+stage, activation recomputation, a micro-batch size and optimizer offload. For a causal transformer
+(``TransformerConfig``) and a global batch of ``B`` sequences of ``s`` tokens, per rank:
+
+**Memory** = model states + activations + logits, each from an earlier lesson:
+
+    states       (2 + 2 + 12) bytes per parameter held, sharded by ZeRO over dp*cp    (lesson 14; ZeRO §3.1)
+                 held: the layers of one stage, split by tp (experts also by ep), and the embedding
+    activations  per layer and micro-batch, 16-bit, Korthikanti et al. 2022 (Table 2):
+                   tp = 1          sbh (34 + 5as/h)
+                   tp, no SP       sbh (10 + 24/t + 5as/(ht))
+                   tp with SP      sbh/t (34 + 5as/h)
+                   full recompute  2sbh (only each layer's input is kept)
+                 the 5as/h term (the s x s scores) is gone with FlashAttention or selective recomputation;
+                 s is the local sequence s/cp; a 1F1B first stage holds pp micro-batches in flight
+                 (interleaved: pp (1 + (pp-1)/(pp v)), Narayanan et al. 2021 §2.2.1)     (lessons 06, 08, 12)
+    logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage
+
+**Step time** = the pipeline's (m + (pp-1)/v) micro-batch slots (GPipe's bubble, lesson 12) of
+compute + the communication on the critical path, then what of the data-parallel sync backward
+does not hide, then the optimizer step:
+
+    compute    (6N + 12 L s d) FLOPs per token (``counting.flops_per_token``; 8N with full recompute)
+               at ``cluster.flops`` (peak x an efficiency, stated with its source)
+    TP         4 all-reduces per layer and micro-batch (2 forward, 2 backward) of b (s/cp) h 16-bit
+               values; SP swaps each for an all-gather + reduce-scatter of the same bytes (lesson 11)
+    CP         K and V of the other cp - 1 chunks pass around the ring (forward; twice that in
+               backward), overlapped with attention: only what exceeds attention's time shows
+    EP         4 all-to-alls per MoE layer (dispatch and combine, forward and backward) of the top_k
+               copies of b (s/cp) h values (lesson 19)
+    PP         one send forward and one backward per micro-batch, of b (s/cp) h values
+    DP         an all-reduce of the 16-bit gradients (ZeRO 1/2: reduce-scatter + all-gather, the same
+               bytes), hidden behind the last micro-batch's backward as far as it lasts; ZeRO-3 also
+               gathers the weights in every micro-batch's forward and backward (lesson 10, 14)
+    optimizer  32 bytes read and written per parameter of the shard, at HBM bandwidth; offloaded:
+               16-bit gradients down and weights up over PCIe, and ~28 bytes per parameter through
+               host memory for the CPU's Adam (ZeRO-Offload, Ren et al. 2021), not overlapped
+
+Every collective is costed by ``cost_model`` on the slowest link its group crosses.
+
+Left out: overlap of TP communication with compute, zero-bubble schedules, memory fragmentation
+and the CUDA context (the planner keeps a margin instead), kernel launch overheads, stragglers,
+the causal mask halving attention FLOPs, gated FFNs' extra activations beyond the width ratio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..models.config import TransformerConfig
+from ..models.counting import flops_per_token
+from .cost_model import Cluster, all_reduce_time, collective_time
+
+__all__ = ["Layout", "Batch", "parameters", "active_matmul_parameters", "stage_layers", "memory_per_rank", "step_time"]
+
+RECOMPUTE = ("none", "selective", "full")
+BF16 = 2
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One way to run: degrees of parallelism and the memory-saving switches."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0  # ZeRO stage over the dp*cp ranks that hold the same weights
+    recompute: str = "none"  # none, selective (the attention scores), full (each layer's input only)
+    micro_batch: int = 1
+    offload: bool = False  # optimizer states and step on the host (ZeRO-Offload)
+    virtual: int = 1  # interleaved pipeline: model chunks per rank
+    sequence_parallel: bool = True  # with tp > 1, norms and dropout split along the sequence
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def __str__(self) -> str:
+        extra = [f"ZeRO-{self.zero}"] if self.zero else []
+        extra += [f"recompute {self.recompute}"] if self.recompute != "none" else []
+        extra += ["offload"] if self.offload else []
+        extra += [f"v={self.virtual}"] if self.virtual > 1 else []
+        dims = f"DP{self.dp} TP{self.tp} PP{self.pp} CP{self.cp}" + (f" EP{self.ep}" if self.ep > 1 else "")
+        return " ".join([dims, f"mb{self.micro_batch}", *extra])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """``sequences`` of ``seq_len`` tokens per optimizer step, over all ranks."""
+
+    sequences: int
+    seq_len: int
+
+    def __post_init__(self):
+        if self.sequences < 1 or self.seq_len < 1:
+            raise ValueError(f"batch needs positive sequences and seq_len, got {self.sequences}, {self.seq_len}")
+
+
+def parameters(cfg: TransformerConfig) -> dict[str, int]:
+    """Parameters of a causal LM by kind: per layer (dense part and experts), embeddings, output head.
+
+    Counted from the shapes, as ``llmedu.models`` builds them (the tests check it against the real model).
+    """
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    bias = int(cfg.bias)
+    gated = cfg.activation in ("swiglu", "geglu")
+    attention = d * (d + 2 * kv) + bias * (d + 2 * kv) + d * d + bias * d
+    ffn = (3 if gated else 2) * d * cfg.d_ff + bias * ((2 if gated else 1) * cfg.d_ff + d)
+    n_norms = 1 if cfg.block == "parallel" else 4 if cfg.norm_placement == "sandwich" else 2
+    norms = n_norms * d * (1 + bias)
+    experts = 0
+    if cfg.moe is not None:
+        experts, ffn = cfg.moe.n_experts * ffn, d * cfg.moe.n_experts  # the FFN becomes a router + experts
+    embedding = cfg.vocab_size * d + (cfg.max_seq_len * d if cfg.position == "learned" else 0)
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    final_norm = d * (1 + bias)
+    return {"layer": attention + ffn + norms, "experts": experts, "embedding": embedding, "head": head + final_norm}
+
+
+def active_matmul_parameters(cfg: TransformerConfig) -> int:
+    """The N of 6N for one token: each layer's weight matrices (the router and top_k experts of an MoE),
+    and the output head; no biases, norms or embedding lookups (``counting.matmul_parameters``)."""
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    ffn = (3 if cfg.activation in ("swiglu", "geglu") else 2) * d * cfg.d_ff
+    if cfg.moe is not None:
+        ffn = cfg.moe.top_k * ffn + d * cfg.moe.n_experts
+    return cfg.n_layers * (d * (d + 2 * kv) + d * d + ffn) + cfg.vocab_size * d
+
+
+def stage_layers(cfg: TransformerConfig, layout: Layout) -> int:
+    """Layers of the busiest pipeline stage: ceil(L / pp) (Llama 3's 126 layers run on 16 stages)."""
+    if layout.pp > cfg.n_layers:
+        raise ValueError(f"pp={layout.pp} stages for {cfg.n_layers} layers: a stage would be empty")
+    return -(-cfg.n_layers // layout.pp)
+
+
+def _held(cfg: TransformerConfig, layout: Layout) -> float:
+    """Parameters held by the busiest rank: its stage's layers (split by tp, experts by tp*ep), plus embeddings."""
+    p = parameters(cfg)
+    layers = stage_layers(cfg, layout)
+    last = p["head"] + (cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0)  # a tied head is a copy there
+    ends = p["embedding"] + p["head"] if layout.pp == 1 else max(p["embedding"], last)
+    return layers * (p["layer"] / layout.tp + p["experts"] / (layout.tp * layout.ep)) + ends / layout.tp
+
+
+def _activations_per_layer(cfg: TransformerConfig, layout: Layout, seq_len: int, flash: bool) -> float:
+    s, b, h, a, t = seq_len / layout.cp, layout.micro_batch, cfg.d_model, cfg.n_heads, layout.tp
+    if layout.recompute == "full":
+        return 2 * s * b * h / (t if layout.sequence_parallel else 1)
+    mlp_scale = cfg.d_ff / (4 * h) * (1.5 if cfg.activation in ("swiglu", "geglu") else 1.0)
+    linear = 18 + 16 * mlp_scale  # the paper's 34 with its MLP intermediates (16) scaled to this FFN
+    scores = 0.0 if flash or layout.recompute == "selective" else 5 * a * s / h
+    if t == 1 or layout.sequence_parallel:
+        return s * b * h / t * (linear + scores)
+    return s * b * h * (10 + (linear - 10) / t + scores / t)
+
+
+def memory_per_rank(cfg: TransformerConfig, layout: Layout, batch: Batch, *, flash: bool = True) -> dict[str, float]:
+    """Bytes on the busiest rank, by category: the first stage's activations with the last stage's logits
+    (an upper bound when pp > 1, where they live on different ranks). ``flash``: no s x s scores kept."""
+    held = _held(cfg, layout)
+    shards = layout.dp * layout.cp
+    weights = BF16 * held / (shards if layout.zero >= 3 else 1)
+    grads = BF16 * held / (shards if layout.zero >= 2 else 1)
+    optimizer = 0.0 if layout.offload else 12 * held / (shards if layout.zero >= 1 else 1)
+    pp, v = layout.pp, layout.virtual
+    in_flight = 1 if pp == 1 else pp * (1 + (pp - 1) / (pp * v))
+    per_layer = _activations_per_layer(cfg, layout, batch.seq_len, flash)
+    activations = per_layer * stage_layers(cfg, layout) * in_flight
+    if layout.recompute == "full":  # one layer's activations exist again while it is recomputed
+        activations += _activations_per_layer(cfg, replace(layout, recompute="none"), batch.seq_len, flash)
+    logits = layout.micro_batch * batch.seq_len / layout.cp * cfg.vocab_size / layout.tp * (BF16 + 4)
+    return {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer": optimizer,
+        "activations": activations,
+        "logits": logits,
+    }
+
+
+def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster) -> dict[str, float]:
+    """Seconds of one optimizer step by part; ``total`` is their sum (see the module docstring)."""
+    s, b, h = batch.seq_len / layout.cp, layout.micro_batch, cfg.d_model
+    m = batch.sequences // (layout.dp * b)  # micro-batches per pipeline per step
+    layers = stage_layers(cfg, layout)  # the busiest stage sets the pipeline's pace
+    per_token = flops_per_token(cfg, active_matmul_parameters(cfg), batch.seq_len)
+    recompute = {"none": 1.0, "selective": 1.0, "full": 4 / 3}[layout.recompute]  # 8N instead of 6N
+    compute = (
+        per_token * recompute * b * batch.seq_len / (layout.tp * layout.cp) * layers / cfg.n_layers / cluster.flops
+    )
+    attention_share = 12 * cfg.n_layers * batch.seq_len * h / per_token
+    activation_bytes = BF16 * b * s * h
+
+    tp_link = cluster.link(layout.tp)
+    tp = layers * (4 + 2 * (layout.recompute == "full")) * all_reduce_time(activation_bytes, layout.tp, tp_link)[0]
+    cp_link = cluster.link(layout.cp, stride=layout.tp)
+    kv_bytes = 2 * BF16 * b * s * cfg.n_kv_heads * cfg.head_dim / layout.tp
+    ring = 3 * (layout.cp - 1) * collective_time("send", kv_bytes, 2, cp_link) if layout.cp > 1 else 0.0
+    cp = max(0.0, layers * ring - attention_share * compute)
+    ep = 0.0
+    if cfg.moe is not None and layout.ep > 1:
+        ep_link = cluster.link(layout.ep, stride=layout.tp * layout.cp)
+        ep = (
+            layers * 4 * collective_time("all_to_all", activation_bytes * cfg.moe.top_k / layout.tp, layout.ep, ep_link)
+        )
+    stride = layout.tp * layout.cp * (layout.dp if cluster.gpus_per_node > layout.tp * layout.cp else 1)
+    pp_link = cluster.intra if layout.pp == 1 else cluster.link(layout.pp, stride=stride)
+    p2p = 2 * collective_time("send", activation_bytes / layout.tp, 2, pp_link) if layout.pp > 1 else 0.0
+    slot = compute + tp + cp + ep + p2p
+    pipeline = (m + (layout.pp - 1) / layout.virtual) * slot
+
+    held, shards = _held(cfg, layout), layout.dp * layout.cp
+    dp_link = cluster.link(shards, stride=layout.tp)
+    sync = all_reduce_time(BF16 * held, shards, dp_link)[0]
+    dp = max(0.0, sync - 2 / 3 * compute)  # hidden behind the last micro-batch's backward
+    if layout.zero >= 3 and shards > 1:  # gather weights for forward and backward of every micro-batch
+        gathers = 2 * collective_time("all_gather", BF16 * held, shards, dp_link)
+        dp += m * max(0.0, gathers - compute)
+    shard = held / (shards if layout.zero >= 1 else 1)
+    if layout.offload:
+        pcie = 2 * collective_time("send", BF16 * shard, 2, cluster.host)
+        optimizer = pcie + 28 * shard / (cluster.host_bandwidth / cluster.gpus_per_node)
+    else:
+        optimizer = 32 * shard / cluster.accelerator.memory_bandwidth
+    parts = {"compute": m * compute, "bubble": (layout.pp - 1) / layout.virtual * slot}
+    parts.update(tp=m * tp, cp=m * cp, ep=m * ep, pp=m * p2p, dp=dp, optimizer=optimizer)
+    parts["total"] = pipeline + dp + optimizer
+    return parts

@@ -1,0 +1,212 @@
+"""The planner (llmedu.parallel.planner) and its cost models: counts checked against the real model, bytes
+against what our collectives send, memory against memory.estimate, and the planner's behaviour at the edges."""
+
+import pytest
+import torch.distributed as dist
+
+from llmedu.memory.estimate import activation_bytes_per_layer, zero_bytes_per_rank
+from llmedu.models.config import TransformerConfig
+from llmedu.models.counting import count_parameters, matmul_parameters
+from llmedu.models.gpt import CausalLM
+from llmedu.parallel import launch
+from llmedu.parallel.collectives import all_gather, reduce_scatter, ring_all_reduce
+from llmedu.parallel.cost_model import ETHERNET, Link, all_reduce_time, bytes_sent, cluster, collective_time
+from llmedu.parallel.layout_cost import (
+    Batch,
+    Layout,
+    active_matmul_parameters,
+    memory_per_rank,
+    parameters,
+    stage_layers,
+    step_time,
+)
+from llmedu.parallel.p2p import traffic
+from llmedu.parallel.planner import MODELS, NothingFits, evaluate, layouts, plan
+
+GiB = 2**30
+SMALL = dict(vocab_size=101, d_model=32, n_layers=3, n_heads=4, max_seq_len=16)
+CONFIGS = {
+    "gpt2": TransformerConfig.gpt2(**SMALL),
+    "llama, GQA, untied": TransformerConfig.llama(**{**SMALL, "n_kv_heads": 2, "d_ff": 48}),
+    "rope, untied, biases": TransformerConfig(**SMALL, position="rope", tie_embeddings=False),
+    "parallel block, geglu": TransformerConfig(**SMALL, block="parallel", activation="geglu"),
+    "sandwich norms": TransformerConfig(**SMALL, norm_placement="sandwich"),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_parameter_counts_from_shapes_equal_the_built_model(name):
+    cfg = CONFIGS[name]
+    model = CausalLM(cfg)
+    p = parameters(cfg)
+    assert cfg.n_layers * (p["layer"] + p["experts"]) + p["embedding"] + p["head"] == count_parameters(model)
+    assert active_matmul_parameters(cfg) == matmul_parameters(model)  # the N of 6N
+
+
+def test_moe_counts_all_experts_held_and_top_k_active():
+    from llmedu.models.config import MoEConfig
+
+    dense = TransformerConfig.llama(**SMALL)
+    moe = TransformerConfig.llama(**SMALL, moe=MoEConfig(4, 2, capacity_factor=None))
+    held, active = parameters(moe), active_matmul_parameters(moe)
+    ffn = parameters(dense)["layer"] - (parameters(moe)["layer"] - moe.d_model * 4)  # the dense FFN's parameters
+    assert held["experts"] == 4 * ffn
+    assert active == active_matmul_parameters(dense) + moe.n_layers * (
+        ffn + moe.d_model * 4
+    )  # one more expert + router
+    total = moe.n_layers * (held["layer"] + held["experts"]) + held["embedding"] + held["head"]
+    assert total == count_parameters(CausalLM(moe))
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_ring_formulas_give_the_bytes_and_time(kind, p):
+    n = 1200.0
+    steps = {"all_reduce": 2 * (p - 1), "reduce_scatter": p - 1, "all_gather": p - 1}[kind]
+    assert bytes_sent(kind, n, p) == pytest.approx(steps * n / p)
+    link = Link("test", bandwidth=100.0, latency=0.5, source="a test")
+    assert collective_time(kind, n, p, link) == pytest.approx(steps * (0.5 + n / p / 100.0))
+    assert collective_time(kind, n, 1, link) == 0.0
+
+
+def test_all_reduce_takes_the_tree_for_small_messages_and_the_ring_for_large():
+    link = Link("test", bandwidth=1e9, latency=1e-5, source="a test")
+    assert all_reduce_time(8, 64, link)[1] == "tree"  # latency-bound: log2 p rounds beat 2(p - 1)
+    assert all_reduce_time(1e9, 64, link)[1] == "ring"  # bandwidth-bound: 2(p-1)/p n beats 2n
+
+
+def _measure(numel):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    import torch
+
+    x = torch.arange(numel, dtype=torch.float32) + rank
+    sent = {}
+    for name, op in (("all_reduce", ring_all_reduce), ("reduce_scatter", reduce_scatter), ("all_gather", all_gather)):
+        tensor = x if name != "all_gather" else x[: numel // world]
+        with traffic() as t:
+            op(tensor, check=False)
+        sent[name] = t.bytes_sent
+    return sent
+
+
+@pytest.mark.slow
+def test_the_formulas_equal_the_bytes_our_collectives_send():
+    numel, world = 1200, 4  # divisible, so that every rank sends the same: the formula's assumption
+    for rank, sent in enumerate(launch(_measure, world, numel, echo=False)):
+        assert sent["all_reduce"] == bytes_sent("all_reduce", 4 * numel, world), rank
+        assert sent["reduce_scatter"] == bytes_sent("reduce_scatter", 4 * numel, world), rank
+        assert sent["all_gather"] == bytes_sent("all_gather", 4 * numel, world), rank  # buffer: the gathered whole
+
+
+def test_memory_model_equals_memory_estimate_where_they_overlap():
+    cfg = TransformerConfig.gpt2(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, max_seq_len=128)
+    batch = Batch(8, 128)
+    lay = Layout(dp=4, zero=1, micro_batch=2)
+    mem = memory_per_rank(cfg, lay, batch, flash=False)
+    p = parameters(cfg)
+    held = cfg.n_layers * p["layer"] + p["embedding"] + p["head"]
+    states = zero_bytes_per_rank(held, 4, stage=1)
+    assert mem["weights"] == states["parameters"] and mem["gradients"] == states["gradients"]
+    assert mem["optimizer"] == pytest.approx(states["optimizer"])
+    # the paper's sbh(34 + 5as/h) per layer: 16-bit, dropout masks, GeLU MLP of width 4h, no parallelism
+    per_layer = activation_bytes_per_layer(128, 2, 64, 4, bytes_per_value=2, dropout=True)
+    assert mem["activations"] == pytest.approx(cfg.n_layers * per_layer)
+
+
+def test_sequence_parallelism_divides_every_activation_by_tp_and_plain_tp_keeps_10sbh():
+    cfg = TransformerConfig.gpt2(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, max_seq_len=128)
+    batch, s, b, h = Batch(8, 128), 128, 1, 64
+    one = memory_per_rank(cfg, Layout(dp=8), batch)["activations"]
+    sp = memory_per_rank(cfg, Layout(dp=2, tp=4), batch)["activations"]
+    tp = memory_per_rank(cfg, Layout(dp=2, tp=4, sequence_parallel=False), batch)["activations"]
+    assert sp == pytest.approx(one / 4)
+    assert tp == pytest.approx(cfg.n_layers * s * b * h * (10 + 24 / 4))  # Korthikanti Table 2, flash: no scores
+    full = memory_per_rank(cfg, Layout(dp=2, tp=4, recompute="full"), batch)["activations"]
+    assert full == pytest.approx(cfg.n_layers * 2 * s * b * h / 4 + sp / cfg.n_layers)  # inputs + one layer again
+
+
+def test_pipeline_stages_take_ceil_of_layers_and_refuse_empty_ones():
+    cfg = MODELS["llama3-405b"]
+    assert stage_layers(cfg, Layout(pp=16)) == 8  # 126 layers on 16 stages: the busiest has 8
+    with pytest.raises(ValueError, match="pp=200 stages for 126 layers"):
+        stage_layers(cfg, Layout(pp=200))
+
+
+def test_step_time_parts_add_up_and_the_bubble_follows_the_schedule():
+    cfg, batch, c = MODELS["gpt3-175b"], Batch(1536, 2048), cluster("dgx-a100", nodes=24)
+    lay = Layout(dp=2, tp=8, pp=12, micro_batch=1)
+    t = step_time(cfg, lay, batch, c)
+    assert t["total"] == pytest.approx(sum(v for k, v in t.items() if k != "total"))
+    m = 1536 // 2
+    slot = (t["compute"] + t["tp"] + t["cp"] + t["ep"] + t["pp"]) / m
+    assert t["bubble"] == pytest.approx(11 * slot)  # (p - 1) slots: bubble (p-1)/(m+p-1) of the pipeline
+    interleaved = step_time(cfg, Layout(dp=2, tp=8, pp=12, micro_batch=1, virtual=2), batch, c)
+    assert interleaved["bubble"] == pytest.approx(t["bubble"] / 2)
+
+
+def test_a_slow_inter_node_link_makes_cross_node_communication_dearer():
+    cfg, batch = MODELS["llama3-70b"], Batch(512, 2048)
+    lay = Layout(dp=16, tp=8, zero=1, micro_batch=1)
+    fast = step_time(cfg, lay, batch, cluster("dgx-a100", nodes=16))
+    slow = step_time(cfg, lay, batch, cluster("dgx-a100", nodes=16, inter=ETHERNET))
+    assert slow["tp"] == fast["tp"]  # TP8 stays inside a node
+    assert slow["dp"] > fast["dp"]  # the gradient all-reduce crosses nodes
+
+
+def test_tp_groups_that_straddle_nodes_use_the_inter_node_link():
+    c = cluster("dgx-a100", nodes=2)
+    assert c.link(8) is c.intra and c.link(4, stride=2) is c.intra
+    assert c.link(6) is c.inter  # 6 does not divide 8: some groups span two nodes
+    assert c.link(16) is c.inter
+
+
+def test_plan_is_deterministic_fits_and_ranks_fastest_first():
+    batch, c = Batch(256, 2048), cluster("dgx-a100")
+    first, again = plan("llama3-8b", c, batch, top=5), plan("llama3-8b", c, batch, top=5)
+    assert [p.layout for p in first] == [p.layout for p in again]
+    assert all(p.fits and p.memory_total <= 0.9 * c.accelerator.memory_bytes for p in first)
+    times = [float(f"{p.time['total']:.3g}") for p in first]
+    assert times == sorted(times)
+    assert 0 < first[0].mfu < c.efficiency  # MFU cannot beat the efficiency the compute runs at
+
+
+def test_seed_002_table_one_gpu_and_one_node():
+    small = TransformerConfig.gpt2(vocab_size=50257, d_model=768, n_layers=12, n_heads=12, max_seq_len=1024)
+    one_gpu = plan(small, cluster("a100"), Batch(32, 1024), top=1)[0].layout
+    assert one_gpu == Layout(micro_batch=one_gpu.micro_batch)  # "train normally"
+    too_big = plan("llama3-8b", cluster("a100"), Batch(32, 2048), top=1)[0].layout
+    assert too_big.offload  # "offload if it does not fit"
+    node = plan(small, cluster("dgx-a100"), Batch(256, 1024), top=1)[0].layout
+    assert (node.dp, node.tp, node.pp, node.cp) == (8, 1, 1, 1)  # "one machine: data parallel"
+
+
+def test_an_impossible_cluster_is_refused_with_the_closest_miss():
+    with pytest.raises(NothingFits, match=r"nothing fits on a100: the smallest per-rank footprint is .* GiB"):
+        plan("llama3-405b", cluster("a100"), Batch(8, 8192))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: plan("gpt-5", cluster("a100"), Batch(8, 1024)), "unknown model 'gpt-5'"),
+        (lambda: cluster("tpu-pod"), "unknown cluster 'tpu-pod'"),
+        (lambda: cluster("dgx-a100", nodes=0), "nodes must be a positive int"),
+        (lambda: plan("llama3-8b", cluster("a100"), Batch(8, 1024), margin=1.0), "margin must be in"),
+        (lambda: Batch(0, 1024), "positive sequences"),
+        (lambda: bytes_sent("broadcast", 10, 2), "unknown collective 'broadcast'"),
+        (lambda: plan(TransformerConfig.bert(**SMALL), cluster("a100"), Batch(8, 16)), "causal language models"),
+        (lambda: evaluate(MODELS["llama3-8b"], Layout(dp=2), cluster("a100"), Batch(8, 1024)), "uses 2 ranks"),
+    ],
+)
+def test_bad_input_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_layouts_respect_divisibility():
+    cfg = MODELS["llama3-8b"]  # 32 heads, 8 K/V heads, 32 layers
+    found = layouts(cfg, cluster("dgx-a100"), Batch(24, 2048))
+    assert found and all(lay.world == 8 for lay in found)
+    assert all(24 % (lay.dp * lay.micro_batch) == 0 for lay in found)
+    assert all(2048 % (2 * lay.cp) == 0 for lay in found)
+    assert {lay.recompute for lay in found} == {"none", "full"}  # with FlashAttention selective changes nothing
