@@ -65,6 +65,7 @@ def _worker():
         "diff": max((got[k] - want[k]).abs().max().item() for k in want),
         "moved": max((want[k] - p).abs().max().item() for k, p in model.named_parameters()),
         "placement": zero.placement(),
+        "traffic": zero.host_traffic(),
         "host_devices": {str(t.device) for s in zero.optimizer.state.values() for t in s.values()}
         | {str(u.shard.device) for u in zero.units},
         "device_dtype": {str(u.flat.dtype) for u in zero.units},
@@ -97,6 +98,12 @@ def test_offload_matches_mixed_precision_adamw_and_puts_bytes_on_the_host():
         assert place["host"]["master weights"] == pytest.approx(4 * n / world, rel=0.01)
         assert place["host"]["gradients"] == pytest.approx(4 * n / world, rel=0.01)
         assert place["host"]["optimizer"] == pytest.approx(8 * n / world, rel=0.01)
+        # per step: the fp32 gradient shards go down, the bf16 updated shards come up (counted from the sizes,
+        # checked against the bytes of the tensors that hold them)
+        assert out["traffic"] == {
+            "to host": place["host"]["gradients"],
+            "to device": place["host"]["master weights"] // 2,
+        }
         trainable, frozen, place = out["partly frozen"]
         assert place["device"]["parameters"] == pytest.approx(2 * (trainable + frozen), rel=0.01)
         assert place["host"]["master weights"] == pytest.approx(4 * trainable / world, rel=0.01)

@@ -207,7 +207,9 @@ class DDP(_DataParallel):
         start = log.now()
         log.add("compute", f"backward: bucket {b}", self._backward_start, start)
         self._backward_start = start  # the next bucket's gradients are computed from here on
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]) / self.world_size  # (bucket numel,)
+        # one copy of the bucket's gradients, averaged in place (torch's DDP avoids even this copy by making
+        # each .grad a view into its bucket: gradient_as_bucket_view=True)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]).div_(self.world_size)  # (bucket numel,)
         work = dist.all_reduce(flat, async_op=True)
         # the callback runs on the communication thread when the all-reduce completes; waiting for
         # the future it returns (in finish_gradient_sync) also waits for the event to be logged

@@ -53,6 +53,16 @@ class ZeROOffload(ZeRO):
             raise ValueError(f"host must be a CPU device (the host's memory), got {host!r}")
         super().__init__(module, 2, optimizer_class, compute_dtype=compute_dtype, host=host, **kwargs)
 
+    def host_traffic(self) -> dict[str, int]:
+        """Bytes each rank copies between device and host per step (a count, from the shards' sizes).
+
+        Down: the fp32 gradient shard that the reduce-scatter produced (DeepSpeed sends it in fp16,
+        half of this). Up: the updated shard in the compute dtype, from which the all-gather rebuilds
+        the full parameters. On a GPU both cross PCIe; on this CPU-only machine they are copies in RAM.
+        """
+        shards = sum(u.shard_size for u in self.units)
+        return {"to host": 4 * shards, "to device": self.dtype.itemsize * shards}
+
     def placement(self) -> dict[str, dict[str, int]]:
         """Bytes of persistent model state on each side: {"device": {...}, "host": {...}}.
 
