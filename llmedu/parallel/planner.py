@@ -25,6 +25,7 @@ Left out: balancing stages by cost (the busiest holds ceil(L / pp) layers and th
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..models.config import MoEConfig, TransformerConfig
@@ -145,13 +146,15 @@ def plan(
     top: int = 5,
     margin: float = 0.1,
     flash: bool = True,
+    where: Callable[[Layout], bool] | None = None,
 ) -> list[Plan]:
     """The ``top`` fastest layouts that fit, fastest first (at equal time the simpler, then the smaller);
-    ``NothingFits`` names the closest miss. ``flash``: attention keeps no s x s scores (FlashAttention)."""
+    ``NothingFits`` names the closest miss. ``flash``: attention keeps no s x s scores (FlashAttention).
+    ``where`` keeps only the layouts it accepts, e.g. ``where=lambda lay: lay.cp == 1``."""
     cfg = _model(model)
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
-    candidates = layouts(cfg, cluster, batch, flash=flash)
+    candidates = [lay for lay in layouts(cfg, cluster, batch, flash=flash) if where is None or where(lay)]
     if not candidates:
         raise NothingFits(
             f"no layout divides {cluster.world_size} ranks over {cfg.n_heads} heads, {cfg.n_layers} layers and a "
