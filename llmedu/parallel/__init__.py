@@ -16,6 +16,10 @@ sequence_parallel Megatron-SP: norms and dropout split along the sequence, g/g-b
 sequence_layout how context parallelism cuts a sequence across ranks: contiguous or zig-zag chunks
 context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
 experts         expert parallelism: E/N experts per rank, tokens dispatched and combined by two all-to-alls
+cost_model      what a collective costs on a link (alpha-beta, ring or tree), and cluster presets
+layout_cost     the memory and step time of one DP x TP x PP x CP x EP layout, on paper
+planner         which parallelism when: every layout of a cluster, those that fit, ranked by the cost model
+published       published training runs (Megatron-LM, BLOOM, Llama 3) through the cost model
 events          spans of compute and communication on each rank, for the timelines
 example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
                 script under our launcher and under torchrun
@@ -32,11 +36,14 @@ from .collectives import (
     traffic,
 )
 from .context_parallel import ring_attention
+from .cost_model import Cluster, Link, cluster
 from .experts import ExpertParallelMoE
 from .launch import WorkerError, launch
+from .layout_cost import Batch, Layout
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload
 from .pipeline_parallel import Pipeline, PipelineStage, bubble_fraction, partition, schedule, theoretical_bubble
+from .planner import NothingFits, plan
 from .sequence_parallel import SequenceParallelMLPBlock, gather_sequence, reduce_scatter_sequence
 from .tensor_parallel import (
     ColumnParallelLinear,
@@ -84,4 +91,11 @@ __all__ = [
     "train_3d",
     "ZeRO",
     "ZeROOffload",
+    "plan",
+    "NothingFits",
+    "Layout",
+    "Batch",
+    "Cluster",
+    "Link",
+    "cluster",
 ]
