@@ -157,7 +157,7 @@ def test_every_stage_runs_each_micro_batch_forward_then_backward_once(name):
     for p in (1, 2, 4):
         for m in (1, 3, 8):
             for s in range(p):
-                actions = schedule(name, m, p, s)
+                actions = [(a.kind, a.micro) for a in schedule(name, m, p, s)]  # one chunk: chunk 0 always
                 assert sorted(actions) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
                 assert all(actions.index(("F", i)) < actions.index(("B", i)) for i in range(m))
 
@@ -183,33 +183,3 @@ def test_partition_balances_costs_and_refuses_bad_cuts():
     assert len(PipelineStage(model, 0, 2, balance="parameters").layers) == 1  # the embeddings weigh on stage 0
     with pytest.raises(ValueError, match="unknown schedule"):
         schedule("zero-bubble", 4, 2, 0)
-
-
-def test_graders_of_lessons_11_to_13_pass_the_reference_and_fail_a_mistake():
-    from llmedu.checks import parallel as checks
-    from llmedu.parallel.mesh import rank_of
-    from llmedu.parallel.pipeline_parallel import theoretical_bubble
-
-    def row_split(x, w, n):
-        return [xi @ wi for xi, wi in zip(x.chunk(n, -1), w.chunk(n, 0))]
-
-    right_and_wrong = {
-        checks.check_row_parallel_matmul: (row_split, lambda x, w, n: [x @ w / n] * n),
-        checks.check_tp_all_reduce_bytes: (
-            lambda b, t, d, n, s: 4 * n * b * t * d * s,
-            lambda b, t, d, n, s: 2 * n * b * t * d * s,
-        ),  # forward only
-        checks.check_one_f_one_b: (
-            lambda m, p, s: schedule("1f1b", m, p, s),
-            lambda m, p, s: schedule("gpipe", m, p, s),
-        ),
-        checks.check_bubble: (theoretical_bubble, lambda p, m: (p - 1) / m),
-        checks.check_partition: (
-            partition,  # equal numbers of layers, whatever they cost
-            lambda c, n: [range(i * len(c) // n, (i + 1) * len(c) // n) for i in range(n)],
-        ),
-        checks.check_rank_of: (rank_of, lambda d, t, p, s: (d * s[1] + t) * s[2] + p),  # pipeline fastest
-    }
-    for check, (right, wrong) in right_and_wrong.items():
-        assert check(right), check.__name__
-        assert not check(wrong), check.__name__

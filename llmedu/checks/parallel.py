@@ -11,14 +11,17 @@ from collections.abc import Callable
 import torch
 
 from ..parallel.mesh import rank_of
-from ..parallel.pipeline_parallel import partition, schedule, theoretical_bubble
+from ..parallel.pipeline_parallel import partition
+from ..parallel.pipeline_schedules import Action, bubble_fraction, schedule, simulate, theoretical_bubble
 from .core import CheckResult, Grader
 
 __all__ = [
     "check_row_parallel_matmul",
     "check_tp_all_reduce_bytes",
-    "check_one_f_one_b",
     "check_bubble",
+    "check_interleaved_bubble",
+    "check_fixed_schedule",
+    "check_peak_in_flight",
     "check_partition",
     "check_rank_of",
 ]
@@ -66,23 +69,67 @@ def check_tp_all_reduce_bytes(fn: Callable[[int, int, int, int, int], int]) -> C
     return g.result()
 
 
-def check_one_f_one_b(fn: Callable[[int, int, int], list]) -> CheckResult:
-    """``fn(n_micro, n_stages, stage)`` -> the 1F1B actions of that stage: [("F", 0), ..., ("B", 0), ...]."""
-    g = Grader("check_one_f_one_b")
-    for p in (1, 2, 4):
-        for m in (1, 3, 4, 8):
-            for s in range(p):
-                got = g.call(fn, m, p, s)
-                got = [tuple(a) for a in got] if isinstance(got, (list, tuple)) else got
-                g.compare(f"m={m}, p={p}, stage {s}", got, schedule("1f1b", m, p, s))
-    return g.result()
-
-
 def check_bubble(fn: Callable[[int, int], float]) -> CheckResult:
     """``fn(n_stages, n_micro)`` -> the idle fraction of a GPipe / 1F1B step with equal stages."""
     g = Grader("check_bubble")
     for p, m in [(1, 1), (2, 1), (4, 4), (4, 8), (8, 32), (16, 3)]:
         g.compare(f"p={p}, m={m}", g.call(fn, p, m), theoretical_bubble(p, m), atol=1e-9)
+    return g.result()
+
+
+def check_interleaved_bubble(fn: Callable[[int, int, int], float]) -> CheckResult:
+    """``fn(n_stages, n_micro, n_chunks)`` -> the idle share of an interleaved 1F1B step (idle time over
+    p x step time, as ``bubble_fraction`` measures it), equal chunks, free communication."""
+    g = Grader("check_interleaved_bubble")
+    for p, m, v in [(2, 2, 1), (4, 8, 2), (4, 4, 4), (8, 16, 2), (2, 8, 3), (8, 64, 4)]:
+        g.compare(f"p={p}, m={m}, v={v}", g.call(fn, p, m, v), theoretical_bubble(p, m, "interleaved", v), atol=1e-9)
+    return g.result()
+
+
+def _in_flight(actions: list) -> int:
+    """The most micro-batches whose activations a stage holds at once (from F until their last backward)."""
+    held, peak = set(), 0
+    for a in actions:
+        a = Action(*a)
+        if a.kind == "F":
+            held.add(a.micro)
+        elif a.kind in ("B", "W"):
+            held.discard(a.micro)
+        peak = max(peak, len(held))
+    return peak
+
+
+def check_fixed_schedule(fn: Callable[[int, int, int], list]) -> CheckResult:
+    """``fn(n_micro, n_stages, stage)`` -> a repaired 1F1B: lists of ("F", i) / ("B", i) that every rank
+    can run (no rank waits for work that comes after it), with 1F1B's bubble (p-1)/(m+p-1) and at most
+    min(m, p - stage) micro-batches held by a stage."""
+    g = Grader("check_fixed_schedule")
+    for p in (1, 2, 3, 4):
+        for m in (1, 3, 4, 8):
+            lists = [g.call(fn, m, p, s) for s in range(p)]
+            case = f"m={m}, p={p}"
+            try:
+                lists = [[Action(*a) for a in actions] for actions in lists]
+                bubble = bubble_fraction(simulate(lists))
+            except Exception as err:  # a wrong answer, said as a failed case
+                g.expect(f"{case}: a schedule the ranks can run", False, str(err))
+                break
+            g.compare(f"{case}: the bubble", bubble, theoretical_bubble(p, m), atol=1e-9)
+            for s, actions in enumerate(lists):
+                peak = _in_flight(actions)
+                g.expect(f"{case}, stage {s}: at most {min(m, p - s)} held", peak <= min(m, p - s), f"holds {peak}")
+    return g.result()
+
+
+def check_peak_in_flight(fn: Callable[[str, int, int, int], int]) -> CheckResult:
+    """``fn(schedule_name, n_micro, n_stages, stage)`` -> the most micro-batches whose activations the
+    stage holds at once, from their F until their backward is done (for zb-h1: until their W)."""
+    g = Grader("check_peak_in_flight")
+    for name in ("gpipe", "1f1b", "zb-h1"):
+        for p, m in [(4, 8), (4, 2), (8, 16), (2, 5)]:
+            for s in range(p):
+                expected = _in_flight(schedule(name, m, p, s))
+                g.compare(f"{name}, m={m}, p={p}, stage {s}", g.call(fn, name, m, p, s), expected)
     return g.result()
 
 

@@ -6,7 +6,8 @@ collectives     broadcast, reduce, gather, scatter, all-gather, reduce-scatter, 
                 built from nothing but p2p's send and recv, and the ring's cost model
 data_parallel   naive data parallelism and DDP from scratch (buckets, overlap, no_sync)
 tensor_parallel Megatron-LM's column/row split: MLP, attention, vocab-parallel embedding and loss
-pipeline_parallel  stages, micro-batches, and the naive, GPipe and 1F1B schedules
+pipeline_parallel  stages, model chunks, and an executor for any schedule (virtual stages, split backward)
+pipeline_schedules naive, GPipe, 1F1B, interleaved 1F1B and ZB-H1 as action lists; their simulation and bubbles
 mesh            DP x TP x PP process groups from one world, and training with any layout
 zero_unit       one module's parameters as one flat buffer, padded, sharded across ranks, gathered;
                 which unit owns each parameter (a tied one exactly once, a frozen one none)
@@ -42,7 +43,16 @@ from .launch import WorkerError, launch
 from .layout_cost import Batch, Layout
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload
-from .pipeline_parallel import Pipeline, PipelineStage, bubble_fraction, partition, schedule, theoretical_bubble
+from .pipeline_parallel import (
+    Pipeline,
+    PipelineStage,
+    bubble_fraction,
+    partition,
+    schedule,
+    stage_chunks,
+    theoretical_bubble,
+)
+from .pipeline_schedules import simulate
 from .planner import NothingFits, plan
 from .sequence_parallel import SequenceParallelMLPBlock, gather_sequence, reduce_scatter_sequence
 from .tensor_parallel import (
@@ -87,6 +97,8 @@ __all__ = [
     "partition",
     "bubble_fraction",
     "theoretical_bubble",
+    "stage_chunks",
+    "simulate",
     "make_mesh",
     "train_3d",
     "ZeRO",

@@ -1,28 +1,30 @@
-"""Pipeline parallelism: the layers cut into stages, one stage per rank, micro-batches flowing through.
+"""Pipeline parallelism: the layers cut into stages, micro-batches flowing through, any schedule run.
 
 Stage s holds a contiguous run of blocks (the first also the embeddings, the last the final norm and the
 output head). Its activations go to stage s+1 with ``send``/``recv``; in backward the gradient of those
 activations comes back the same way. A batch is cut into m micro-batches so that stages can work at the
-same time on different ones. Three schedules, each a list of ("F", i) / ("B", i) actions per stage:
+same time on different ones; the order of work on each rank is a schedule (``pipeline_schedules``:
+naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, with their bubbles).
 
-    naive   F0 B0 F1 B1 ...: one micro-batch in the whole pipe at a time; p - 1 of p stages always idle
-    GPipe   F0 .. F(m-1), then B0 .. B(m-1)                               (Huang et al. 2019)
-    1F1B    p - s - 1 warm-up forwards, then alternate one forward and one backward, then drain
-            (PipeDream-Flush; Narayanan et al. 2021, sec. 2.2)
+With interleaving (Narayanan et al. 2021, sec. 2.2.2) a rank holds v model chunks: chunk c of rank r is
+global stage c*p + r of p*v (``stage_chunks``), so a micro-batch goes round the ranks v times; every
+message carries a tag naming its micro-batch, stage and direction, so that sends and receives pair up
+whatever order the ranks run them in.
 
-GPipe and 1F1B take equally long: with equal stages of forward t_f and backward t_b, a step lasts
-(m + p - 1)(t_f + t_b) of which each stage is busy m (t_f + t_b), an idle "bubble" of
+Zero-bubble schedules (Qi et al. 2024) split the backward of a stage, y = f(x; W), in two:
+    I  dL/dx = torch.autograd.grad(y, x, dL/dy, retain_graph=True)    the input gradient, sent on at once
+    W  y.backward(dL/dy, inputs=parameters)                           the weight gradients, later
+I keeps the graph; W walks it again from y, asking only for the parameters, and frees it. Autograd
+runs only the nodes on a path to what was asked, so I skips the weight-gradient matmuls, but W
+recomputes the gradients of the activations inside the stage (torch's ``stage_backward_weight`` keeps
+them from I instead; we do not, for readability). On a language model's first stage (input: token
+ids) I has nothing to compute. ``SleepStage`` puts known I and W times on separate paths.
 
-    bubble = (p - 1) / (m + p - 1)                                        (GPipe, sec. 2.2)
-
-They differ in memory: GPipe holds the activations of all m micro-batches at the turn from forward
-to backward; 1F1B starts each backward as soon as it can, so stage s holds at most p - s.
 Gradients are those of one process: the loss of each micro-batch is divided by m, and the gradients of
 the m backwards add up in ``.grad``. With tied embeddings the first and the last stage each hold a copy
 of the matrix, and their gradients are exchanged and added after backward (as Megatron-LM does).
 
-Left out: interleaved stages (virtual pipelines), zero-bubble schedules, sending shapes (every stage
-is told the activation shape), overlap of sends with compute beyond non-blocking ``isend``.
+Left out: sending shapes (every stage is told the activation shape), overlap of sends with compute.
 """
 
 from __future__ import annotations
@@ -37,62 +39,11 @@ from torch import nn
 from ..models.gpt import CausalLM
 from ..models.transformer import Transformer
 from .events import EventLog
+from .pipeline_schedules import SCHEDULES, Action, bubble_fraction, schedule, simulate, theoretical_bubble
 
-__all__ = [
-    "SCHEDULES",
-    "schedule",
-    "partition",
-    "PipelineStage",
-    "Pipeline",
-    "SleepStage",
-    "bubble_fraction",
-    "theoretical_bubble",
-]
-
-
-# -- schedules: what each stage does, in order --------------------------------------------------------------
-def _naive(m: int, p: int, s: int) -> list[tuple[str, int]]:
-    return [a for i in range(m) for a in (("F", i), ("B", i))]
-
-
-def _gpipe(m: int, p: int, s: int) -> list[tuple[str, int]]:
-    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-
-
-def _one_f_one_b(m: int, p: int, s: int) -> list[tuple[str, int]]:
-    warmup = min(p - s - 1, m)  # forwards in flight before the first backward reaches this stage
-    actions = [("F", i) for i in range(warmup)]
-    for i in range(m - warmup):  # steady state: one forward, one backward
-        actions += [("F", warmup + i), ("B", i)]
-    return actions + [("B", i) for i in range(m - warmup, m)]  # cool-down: drain the backwards
-
-
-SCHEDULES: dict[str, Callable[[int, int, int], list[tuple[str, int]]]] = {
-    "naive": _naive,
-    "gpipe": _gpipe,
-    "1f1b": _one_f_one_b,
-}
-
-
-def schedule(name: str, n_micro: int, n_stages: int, stage: int) -> list[tuple[str, int]]:
-    """The actions of ``stage`` (of ``n_stages``) for ``n_micro`` micro-batches under schedule ``name``."""
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose from {sorted(SCHEDULES)}")
-    if n_micro < 1 or not 0 <= stage < n_stages:
-        raise ValueError(f"need n_micro >= 1 and 0 <= stage < n_stages, got {n_micro}, {stage}, {n_stages}")
-    return SCHEDULES[name](n_micro, n_stages, stage)
-
-
-def theoretical_bubble(n_stages: int, n_micro: int) -> float:
-    return (n_stages - 1) / (n_micro + n_stages - 1)
-
-
-def bubble_fraction(events: list[dict]) -> float:
-    """Measured idle share: 1 - (compute time of a rank) / (time from first start to last end), averaged."""
-    t0, t1 = min(e["start"] for e in events), max(e["end"] for e in events)
-    ranks = sorted({e["rank"] for e in events})
-    busy = [sum(e["end"] - e["start"] for e in events if e["rank"] == r and e["lane"] == "compute") for r in ranks]
-    return 1.0 - sum(busy) / (len(ranks) * (t1 - t0))
+__all__ = ["PipelineStage", "stage_chunks", "partition", "Pipeline", "SleepStage"]
+# the schedules moved to pipeline_schedules; these names stay importable from here
+__all__ += ["SCHEDULES", "Action", "schedule", "simulate", "bubble_fraction", "theoretical_bubble"]
 
 
 # -- cutting the model ---------------------------------------------------------------------------------------
@@ -194,6 +145,19 @@ class PipelineStage(nn.Module):
         return x
 
 
+def stage_chunks(model: CausalLM, rank: int, n_ranks: int, n_chunks: int = 1, balance: str = "layers") -> nn.ModuleList:
+    """The ``n_chunks`` model chunks of ``rank`` for an interleaved pipeline: chunk c is global stage
+    c * n_ranks + rank of n_ranks * n_chunks (one chunk: the plain stage)."""
+    if n_chunks < 1:
+        raise ValueError(f"n_chunks (virtual stages per rank) must be >= 1, got {n_chunks}")
+    if balance == "layers" and model.config.n_layers % (n_ranks * n_chunks):
+        raise ValueError(
+            f"{model.config.n_layers} layers cannot be cut into {n_ranks} ranks x {n_chunks} chunks = "
+            f"{n_ranks * n_chunks} equal chunks"
+        )
+    return nn.ModuleList(PipelineStage(model, c * n_ranks + rank, n_ranks * n_chunks, balance) for c in range(n_chunks))
+
+
 class _Sleep(torch.autograd.Function):
     """Identity that takes a fixed time: ``forward_s`` in forward, ``backward_s`` in backward."""
 
@@ -210,39 +174,46 @@ class _Sleep(torch.autograd.Function):
 
 
 class SleepStage(nn.Module):
-    """A stage of known duration for measuring schedules: tanh(linear(x)), then a sleep of ``forward_s``
-    (twice that in backward). Unlike arithmetic, a sleep lasts as long on a machine shared with others."""
+    """A stage of known duration for measuring schedules: tanh(x W^T + b) and sleeps of ``forward_s`` in
+    forward, in the input gradient and in the weight gradient (a whole backward: twice forward). The
+    sleeps sit on the input's and on the weight's path, so that a split backward (I, W) takes one each.
+    Unlike arithmetic, a sleep lasts as long on a machine shared with others."""
 
     def __init__(self, width: int, forward_s: float):
         super().__init__()
         self.linear, self.forward_s = nn.Linear(width, width), forward_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (rows, width) -> (rows, width)
-        return _Sleep.apply(torch.tanh(self.linear(x)), self.forward_s, 2 * self.forward_s)
+        x = _Sleep.apply(x, self.forward_s, self.forward_s)  # on the input-gradient path
+        weight = _Sleep.apply(self.linear.weight, 0.0, self.forward_s)  # on the weight-gradient path
+        return torch.tanh(nn.functional.linear(x, weight, self.linear.bias))
 
 
 # -- running a schedule --------------------------------------------------------------------------------------
 class Pipeline:
-    """Runs a schedule on this rank's ``stage``; ``ranks`` are the global ranks of the stages, in order.
+    """Runs a schedule on this rank; ``ranks`` are the global ranks of the pipeline, in order.
 
-    ``loss_fn(output, target)`` is used on the last stage. ``act_shape(micro_input)`` gives the shape
-    of the activations that cross between stages (every stage is told, none is sent it).
+    ``stage`` is this rank's module, or a list of its v chunks (chunk c: global stage c*p + index, see
+    ``stage_chunks``) for the interleaved schedule. ``loss_fn(output, target)`` is used on the last
+    stage. ``act_shape(micro_input)`` gives the shape of the activations that cross between stages
+    (every stage is told, none is sent it).
     """
 
-    def __init__(self, stage: nn.Module, ranks: list[int], loss_fn: Callable, act_shape: Callable, dtype=torch.float32):
+    def __init__(self, stage, ranks: list[int], loss_fn: Callable, act_shape: Callable, dtype=torch.float32):
         self.stage, self.ranks, self.loss_fn, self.act_shape, self.dtype = stage, list(ranks), loss_fn, act_shape, dtype
+        self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
         me = dist.get_rank()
         if me not in self.ranks:
             raise ValueError(f"rank {me} is not among the pipeline's ranks {self.ranks}")
         self.index, self.n_stages = self.ranks.index(me), len(self.ranks)
         self.is_first, self.is_last = self.index == 0, self.index == self.n_stages - 1
         self.log = EventLog()
-        self.peak_in_flight = 0  # the most micro-batches whose activations this stage held at once
+        self.peak_in_flight = 0  # the most (micro-batch, chunk) activations this rank held at once
 
-    def _recv(self, shape, src: int, label: str, device) -> torch.Tensor:
+    def _recv(self, shape, src: int, tag: int, label: str, device) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=self.dtype, device=device)
         with self.log.span("comm", label):
-            dist.recv(buffer, src=src)
+            dist.recv(buffer, src=src, tag=tag)
         return buffer
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, n_micro: int, schedule_name: str = "1f1b"):
@@ -254,46 +225,68 @@ class Pipeline:
         if inputs.shape[0] % n_micro:
             raise ValueError(f"a batch of {inputs.shape[0]} cannot be cut into {n_micro} equal micro-batches")
         micro_in, micro_tg = inputs.chunk(n_micro), targets.chunk(n_micro)
-        prev = None if self.is_first else self.ranks[self.index - 1]
-        nxt = None if self.is_last else self.ranks[self.index + 1]
-        device = inputs.device
+        p, v, device = self.n_stages, len(self.chunks), inputs.device
+        if v > 1 and p == 1:
+            raise ValueError("interleaving needs at least 2 ranks (one rank would send to itself)")
+        last = p * v - 1  # the last global stage
+
+        def tag(i: int, to_stage: int, grad: bool) -> int:  # one number per message of this step
+            return 2 * (i * (last + 1) + to_stage) + grad
+
         stash, sends, total = {}, [], torch.zeros((), device=device)
         self.peak_in_flight = 0
-        for kind, i in schedule(schedule_name, n_micro, self.n_stages, self.index):
+        for a in schedule(schedule_name, n_micro, p, self.index, v):
+            i, c, g = a.micro, a.chunk, a.chunk * p + self.index  # g: the global stage
             shape = self.act_shape(micro_in[i])
-            if kind == "F":
-                x = micro_in[i] if self.is_first else self._recv(shape, prev, f"recv activation {i}", device)
-                x.requires_grad_(not self.is_first)
-                with self.log.span("compute", f"forward: F{i}"):
-                    y = self.stage(x)
-                    if self.is_last:
+            if a.kind == "F":
+                if g == 0:  # a float input gets a gradient too, so that every stage's backward is alike
+                    x = micro_in[i].detach().requires_grad_(micro_in[i].is_floating_point())
+                else:
+                    x = self._recv(shape, self.ranks[(g - 1) % p], tag(i, g, False), f"recv activation {a}", device)
+                    x.requires_grad_()
+                with self.log.span("compute", f"forward: {a}"):
+                    y = self.chunks[c](x)
+                    if g == last:
                         y = self.loss_fn(y, micro_tg[i]) / n_micro  # mean over micro-batches
                         total += y.detach()
-                if not self.is_last:
-                    sends.append(dist.isend(y.detach(), dst=nxt))
-                stash[i] = (x, y)
+                if g < last:
+                    sends.append(dist.isend(y.detach(), dst=self.ranks[(g + 1) % p], tag=tag(i, g + 1, False)))
+                stash[(i, c)] = (x, y, None)
                 self.peak_in_flight = max(self.peak_in_flight, len(stash))
-            else:
-                x, y = stash.pop(i)
-                grad = None if self.is_last else self._recv(shape, nxt, f"recv gradient {i}", device)
-                with self.log.span("compute", f"backward: B{i}"):
-                    y.backward(grad)
-                if not self.is_first:
-                    sends.append(dist.isend(x.grad, dst=prev))
+            elif a.kind in "BI":
+                x, y, _ = stash[(i, c)]
+                grad = None
+                if g < last:
+                    grad = self._recv(shape, self.ranks[(g + 1) % p], tag(i, g, True), f"recv gradient {a}", device)
+                with self.log.span("compute", f"backward: {a}"):
+                    if a.kind == "B":  # input and weight gradients at once; the graph is freed
+                        y.backward(grad)
+                        del stash[(i, c)]
+                        grad_x = x.grad
+                    else:  # the input gradient only; the graph is kept for W
+                        grad_x = torch.autograd.grad(y, x, grad, retain_graph=True)[0] if x.requires_grad else None
+                        stash[(i, c)] = (x, y, grad)
+                if g > 0:
+                    sends.append(dist.isend(grad_x, dst=self.ranks[(g - 1) % p], tag=tag(i, g - 1, True)))
+            else:  # "W": the weight gradients, from the kept graph
+                x, y, grad = stash.pop((i, c))
+                with self.log.span("compute", f"weight: {a}"):
+                    y.backward(grad, inputs=[q for q in self.chunks[c].parameters() if q.requires_grad])
         for work in sends:
             work.wait()
         self._exchange_tied_gradients()
         return total if self.is_last else None
 
     def _exchange_tied_gradients(self) -> None:
-        """First and last stage add up the gradients of their two copies of a tied embedding."""
-        tied = getattr(self.stage, "tied_weight", lambda: None)()
-        if tied is None:
+        """The first and the last stage add up the gradients of their two copies of a tied embedding."""
+        # the first chunk of rank 0 or the last chunk of the last rank (two ranks at least: refused above)
+        tied = [w for w in (getattr(ch, "tied_weight", lambda: None)() for ch in self.chunks) if w is not None]
+        if not tied:
             return
         other = self.ranks[-1] if self.is_first else self.ranks[0]
-        theirs = torch.empty_like(tied.grad)
+        theirs = torch.empty_like(tied[0].grad)
         with self.log.span("comm", "tied embedding"):
-            work = dist.isend(tied.grad.clone(), dst=other)
+            work = dist.isend(tied[0].grad.clone(), dst=other)
             dist.recv(theirs, src=other)
             work.wait()
-        tied.grad += theirs
+        tied[0].grad += theirs
