@@ -14,6 +14,7 @@ from llmedu.memory import (
     training_step,
     zero_bytes_per_rank,
 )
+from llmedu.memory.estimate import ring_attention_kv_bytes
 
 
 def test_model_states_of_fp32_adamw_agree_with_the_tracker():
@@ -111,3 +112,65 @@ def test_the_grader_passes_a_right_answer_and_fails_a_wrong_one():
     assert check_zero_bytes(right)
     assert not check_zero_bytes(forgets_gradients)
     assert not check_zero_bytes(lambda n_params, world_size, stage: 1 / 0)
+
+
+def test_tensor_sequence_and_context_parallel_follow_table_2():
+    # Korthikanti et al. 2022, table 2, per layer in 16-bit with dropout; GPT-3 175B's layer, t = 8
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    none = activation_bytes_per_layer(s, b, h, a)
+    tp = activation_bytes_per_layer(s, b, h, a, tensor_parallel=t)
+    tp_sp = activation_bytes_per_layer(s, b, h, a, tensor_parallel=t, sequence_parallel=True)
+    assert tp == s * b * h * 10 + s * b * h * 24 // t + 5 * a * s * s * b // t  # sbh(10 + 24/t + 5as/(ht))
+    assert tp_sp == none // t  # sbh/t (34 + 5as/h)
+    print(f"GPT-3 layer: {none / 2**30:.2f} GiB, TP=8 {tp / 2**30:.2f} GiB, TP+SP {tp_sp / 2**30:.2f} GiB")
+    # context parallelism: each of c ranks holds s/c tokens and their scores against all s keys
+    for c in (2, 4):
+        assert activation_bytes_per_layer(s, b, h, a, context_parallel=c) == none // c
+        both = activation_bytes_per_layer(s, b, h, a, tensor_parallel=t, sequence_parallel=True, context_parallel=c)
+        assert both == none // (t * c)
+    # K and V of s/c tokens, two blocks: the one in use and the one arriving
+    assert ring_attention_kv_bytes(s, b, h, 4) == 2 * 2 * (s // 4) * b * h * 2
+
+
+def test_moe_activations_agree_with_the_tracker():
+    """One MoE layer (fp32, top-k, nothing dropped) saves v·N·d·(1 + 11k), within 2%.
+
+    The formula's MoE FFN minus the dense FFN is 11k - 8 values per token and feature; a dense FFN
+    saves its input and GeLU's input and output, 9 per token and feature, which the tracker confirms
+    exactly. The MoE's residue is the router's (N, E) probabilities and its int64 indices.
+    """
+    from llmedu.nn.activations import FeedForward
+    from llmedu.nn.moe import MoE
+
+    n, d, v = 256, 128, 4
+    x = torch.randn(n, d, requires_grad=True)
+    ffn = FeedForward(d, 4 * d, "gelu", fused=True)
+    with MemoryTracker(ffn) as mt:
+        ffn(x)
+    assert mt.max_bytes("activations") == 9 * v * n * d
+    dense = activation_bytes_per_layer(n, 1, d, 4, bytes_per_value=v, dropout=False)
+    for k in (1, 2):
+        torch.manual_seed(0)
+        moe = MoE(d, 4 * d, n_experts=4, top_k=k, capacity_factor=None, fused=True)
+        with MemoryTracker(moe) as mt:
+            moe(x)
+        measured = mt.max_bytes("activations")
+        formula = activation_bytes_per_layer(n, 1, d, 4, bytes_per_value=v, dropout=False, moe_top_k=k)
+        assert formula - dense == (11 * k - 8) * v * n * d
+        print(f"top-{k}: measured {measured} B, formula's FFN part {(1 + 11 * k) * v * n * d} B")
+        assert measured == pytest.approx((1 + 11 * k) * v * n * d, rel=0.02)
+
+
+def test_bad_parallel_degrees_are_refused():
+    with pytest.raises(ValueError, match="tensor_parallel=3 does not divide n_heads=4"):
+        activation_bytes_per_layer(64, 1, 32, 4, tensor_parallel=3)
+    with pytest.raises(ValueError, match="context_parallel=3 does not divide seq_len=64"):
+        activation_bytes_per_layer(64, 1, 32, 4, context_parallel=3)
+    with pytest.raises(ValueError, match="tensor_parallel=4 does not divide the 6 tokens per rank"):
+        activation_bytes_per_layer(12, 1, 32, 4, tensor_parallel=4, sequence_parallel=True, context_parallel=2)
+    with pytest.raises(ValueError, match="context_parallel must be a positive int"):
+        activation_bytes_per_layer(64, 1, 32, 4, context_parallel=0)
+    with pytest.raises(ValueError, match="not modelled"):
+        activation_bytes_per_layer(64, 1, 32, 4, tensor_parallel=2, moe_top_k=2)
+    with pytest.raises(ValueError, match="context_parallel=3 does not divide seq_len=64"):
+        ring_attention_kv_bytes(64, 1, 32, 3)

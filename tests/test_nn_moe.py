@@ -118,3 +118,44 @@ def test_bad_arguments_are_clear_errors():
         MoE(8, 16, n_experts=4, capacity_factor=-1.0)
     with pytest.raises(ValueError, match="d_model=8"):
         MoE(8, 16, n_experts=4)(torch.randn(2, 7))
+
+
+def test_equals_mixtrals_sparse_moe_block():
+    """Our layer with Mixtral's settings against ``transformers``' ``MixtralSparseMoeBlock``, same weights.
+
+    Mixtral (Jiang et al. 2024): top-2 of 8 SwiGLU experts, gates renormalised over the two, no
+    capacity limit, no biases. Their experts are stacked 3-D tensors, the gate and up projections
+    fused as ``gate_up_proj`` (E, 2 d_ff, d), gate first. In fp32 the two compute the same sums in
+    different orders: 1e-5 is a few ulps of outputs of order 0.1-1. Their load-balancing loss counts
+    the assignments per token (its f sums to k) where Switch's (ours) counts them per assignment
+    (f sums to 1), so theirs is k times ours.
+    """
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, load_balancing_loss_func
+
+    d, d_ff, n_experts, k = 16, 24, 8, 2
+    config = MixtralConfig(
+        hidden_size=d, intermediate_size=d_ff, num_local_experts=n_experts, num_experts_per_tok=k, hidden_act="silu"
+    )
+    torch.manual_seed(0)
+    theirs = MixtralSparseMoeBlock(config).eval()
+    for p in theirs.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ours = MoE(d, d_ff, n_experts, k, capacity_factor=None, activation="swiglu", bias=False, renormalize=True)
+    with torch.no_grad():
+        ours.router.linear.weight.copy_(theirs.gate.weight)  # (E, d)
+        for e, expert in enumerate(ours.experts):
+            gate, up = theirs.experts.gate_up_proj[e].chunk(2, dim=0)  # each (d_ff, d)
+            expert.gate_proj.weight.copy_(gate)
+            expert.up_proj.weight.copy_(up)
+            expert.down_proj.weight.copy_(theirs.experts.down_proj[e])  # (d, d_ff)
+    x = torch.randn(3, 10, d)
+    with torch.no_grad():
+        expected = theirs(x.clone())
+        got, stats = ours(x)
+        logits = theirs.gate(x.reshape(-1, d))[0]  # (N, E)
+    print(f"max |ours - Mixtral| = {(got - expected).abs().max():.2e}")
+    assert (got - expected).abs().max() < 1e-5
+    assert stats.dropped == 0
+    their_aux = load_balancing_loss_func((logits,), n_experts, k)
+    assert their_aux.item() == pytest.approx(k * stats.aux_loss.item(), rel=1e-6)

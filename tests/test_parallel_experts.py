@@ -5,9 +5,12 @@ each process: the full layer run on each rank's tokens in turn (each rank is one
 the losses summed. The expert-parallel layer runs on this rank's tokens only, its router gradient
 all-reduced. Outputs, input gradients, the router's gradient and each local expert's gradient must
 equal the oracle's to 1e-5 (fp32; only the order of additions differs), with and without dropped
-tokens. The bytes each rank sends are checked against a count made from the oracle's routing.
+tokens, with both all-to-alls: torch's ``all_to_all_single`` and ours from send/recv, which must
+also agree with each other exactly (they move the same rows). The bytes each rank sends are checked
+against ``all_to_all_bytes`` applied to the oracle's routing, and that against a count by hand.
 
-All checks for one world size run in one ``launch`` (starting processes costs seconds).
+All checks for one world size run in one ``launch`` (starting processes costs seconds); 4 ranks take
+about 30 s on 2 cores and are marked slow.
 """
 
 import pytest
@@ -16,7 +19,7 @@ import torch.distributed as dist
 
 from llmedu.nn.moe import MoE
 from llmedu.parallel import launch
-from llmedu.parallel.experts import ExpertParallelMoE, all_reduce_replicated_grads
+from llmedu.parallel.experts import ExpertParallelMoE, all_reduce_replicated_grads, all_to_all, all_to_all_bytes
 from llmedu.parallel.p2p import traffic
 
 ATOL = 1e-5
@@ -28,13 +31,13 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def _case(top_k: int, capacity_factor: float | None) -> tuple[dict, dict]:
+def _case(top_k: int, capacity_factor: float | None, impl: str) -> tuple[dict, dict]:
     n, rank = dist.get_world_size(), dist.get_rank()
     n_experts = 2 * n
     xs = [torch.randn(2, 6, D, generator=torch.Generator().manual_seed(10 + i)) for i in range(n)]
     ws = [torch.randn(2, 6, D, generator=torch.Generator().manual_seed(50 + i)) for i in range(n)]
     torch.manual_seed(0)
-    ep = ExpertParallelMoE(MoE(D, D_FF, n_experts, top_k, capacity_factor))
+    ep = ExpertParallelMoE(MoE(D, D_FF, n_experts, top_k, capacity_factor), impl=impl)
     torch.manual_seed(0)
     full = MoE(D, D_FF, n_experts, top_k, capacity_factor)
 
@@ -69,6 +72,8 @@ def _case(top_k: int, capacity_factor: float | None) -> tuple[dict, dict]:
     rows = by_rank[rank].sum() - by_rank[rank, rank] + by_rank[:, rank].sum() - by_rank[rank, rank]
     counts_bytes = (n_experts - n_experts // n) * 8  # the int64 counts for the other ranks' experts
     figures = {
+        "out": out.detach(),
+        "formula (forward)": all_to_all_bytes(kept, rank, D),
         "tokens per expert": stats.tokens_per_expert.tolist(),
         "kept per expert": stats.kept_per_expert.tolist(),
         "dropped": stats.dropped,
@@ -83,16 +88,24 @@ def _case(top_k: int, capacity_factor: float | None) -> tuple[dict, dict]:
 
 def _worker() -> tuple[dict, list[str]]:
     torch.set_num_threads(1)
-    results = {name: _case(*args) for name, args in CASES.items()}
+    results = {(name, impl): _case(*args, impl) for name, args in CASES.items() for impl in ("torch", "p2p")}
     messages = []
-    try:
-        ExpertParallelMoE(MoE(D, D_FF, n_experts=2 * dist.get_world_size() + 1))
-    except ValueError as err:
-        messages.append(str(err))
+    n = dist.get_world_size()
+    bad = [
+        lambda: ExpertParallelMoE(MoE(D, D_FF, n_experts=2 * n + 1)),
+        lambda: ExpertParallelMoE(MoE(D, D_FF, n_experts=2 * n), impl="nccl"),
+        lambda: all_to_all(torch.zeros(3, D), [1] * n, [1] * (n + 1)),
+        lambda: all_to_all(torch.zeros(3, D), [1] * n, [1] * n),
+    ]
+    for make in bad:
+        try:
+            make()
+        except ValueError as err:
+            messages.append(str(err))
     return results, messages
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["EP=2", "EP=4"])
+@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=["EP=2", "EP=4"])
 def ranks(request):
     return request.param, launch(_worker, request.param, echo=False)
 
@@ -103,21 +116,30 @@ def test_equals_one_process(ranks):
         for case, (errors, _) in cases.items():
             for what, err in errors.items():
                 assert err < ATOL, f"EP={n} rank {rank}, {case}: {what} differs by {err:.2e}"
+        for name in CASES:  # the same rows moved the same way: bitwise equal
+            assert torch.equal(cases[name, "torch"][1]["out"], cases[name, "p2p"][1]["out"]), name
 
 
 def test_drops_and_bytes_are_counted(ranks):
     n, results = ranks
     for rank, (cases, _) in enumerate(results):
-        assert cases["top-2, no drops"][1]["dropped"] == 0
-        assert sum(cases[name][1]["dropped"] for name in ("top-2, capacity 1.0", "top-1, capacity 1.0")) > 0
+        assert cases["top-2, no drops", "torch"][1]["dropped"] == 0
+        capped = ("top-2, capacity 1.0", "top-1, capacity 1.0")
+        assert sum(cases[name, "torch"][1]["dropped"] for name in capped) > 0
         for case, (_, f) in cases.items():
             assert f["dropped"] == sum(f["tokens per expert"]) - sum(f["kept per expert"]), case
             assert sum(f["rows sent"]) == sum(f["kept per expert"]), case
-            assert f["bytes sent (forward)"] == f["bytes expected (forward)"], (rank, case)
+            assert f["bytes sent (forward)"] == f["bytes expected (forward)"] == f["formula (forward)"], (rank, case)
             assert f["bytes sent (forward + backward)"] == f["bytes expected (forward + backward)"], (rank, case)
 
 
-def test_experts_that_do_not_divide_fail_at_set_up(ranks):
+def test_bad_input_fails_clearly(ranks):
     n, results = ranks
     for _, messages in results:
-        assert len(messages) == 1 and f"{2 * n + 1} experts do not split evenly over {n} ranks" in messages[0]
+        assert len(messages) == 4, messages
+        assert f"{2 * n + 1} experts do not split evenly over {n} ranks" in messages[0]
+        assert "impl must be one of ('torch', 'p2p'), got 'nccl'" in messages[1]
+        assert f"one split per rank ({n})" in messages[2]
+        assert f"send_splits add up to {n} rows, but x has 3" in messages[3]
+    with pytest.raises(ValueError, match="5 experts do not split evenly over 2 ranks"):
+        all_to_all_bytes(torch.ones(2, 5, dtype=torch.long), 0, D)

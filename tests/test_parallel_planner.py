@@ -56,6 +56,7 @@ def test_moe_counts_all_experts_held_and_top_k_active():
     )  # one more expert + router
     total = moe.n_layers * (held["layer"] + held["experts"]) + held["embedding"] + held["head"]
     assert total == count_parameters(CausalLM(moe))
+    assert active == matmul_parameters(CausalLM(moe), active=True)  # counted from the built model's modules
 
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])

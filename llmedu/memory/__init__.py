@@ -7,11 +7,18 @@ estimate    the formulas: 2+2+K bytes per parameter and ZeRO's shards (Rajbhanda
 simulate    the same tracker on fake tensors: the memory of a 7B model without allocating it
 """
 
-from .estimate import activation_bytes_per_layer, adamw_fp32_bytes, mixed_precision_adam_bytes, zero_bytes_per_rank
+from .estimate import (
+    activation_bytes_per_layer,
+    adamw_fp32_bytes,
+    mixed_precision_adam_bytes,
+    ring_attention_kv_bytes,
+    zero_bytes_per_rank,
+)
 from .simulate import TinyGPT, simulate_training_step, training_step
 from .tracker import CATEGORIES, MemoryTracker, Sample
 
 __all__ = [
+    "ring_attention_kv_bytes",
     "CATEGORIES",
     "MemoryTracker",
     "Sample",

@@ -10,7 +10,7 @@ hf_names      the name tables: which of our parameters is which of theirs
 """
 
 from .bert import MaskedLM, SequenceClassifier
-from .config import TransformerConfig
+from .config import MoEConfig, TransformerConfig
 from .gpt import CausalLM, generate
 from .hf import from_hf, to_hf
 from .transformer import Transformer
@@ -21,6 +21,7 @@ __all__ = [
     "SequenceClassifier",
     "Transformer",
     "TransformerConfig",
+    "MoEConfig",
     "generate",
     "from_hf",
     "to_hf",

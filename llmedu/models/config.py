@@ -1,6 +1,8 @@
 """One dataclass that selects every variant of the course's transformer.
 
 An ablation is one field: ``replace(cfg, position="alibi")``, ``replace(cfg, norm_placement="post")``.
+``moe=MoEConfig(n_experts=8, top_k=2)`` replaces every block's FFN by a mixture of that many FFNs
+of the same shape (``llmedu.nn.moe``), and says how much of its auxiliary losses the training loss adds.
 The classmethods ``gpt2``, ``bert`` and ``llama`` give the settings of those families (at any size);
 ``__post_init__`` rejects impossible combinations before any weight is allocated.
 """
@@ -12,11 +14,42 @@ from dataclasses import asdict, dataclass
 from ..nn.activations import ACTIVATIONS
 from ..nn.blocks import PLACEMENTS
 
-__all__ = ["TransformerConfig", "POSITIONS", "NORMS", "BLOCKS"]
+__all__ = ["TransformerConfig", "MoEConfig", "POSITIONS", "NORMS", "BLOCKS"]
 
 POSITIONS = ("learned", "sinusoidal", "scaled_sinusoidal", "relative", "alibi", "rope", "none")
 NORMS = ("layernorm", "rmsnorm")
 BLOCKS = ("serial", "parallel")
+
+
+@dataclass
+class MoEConfig:
+    """A mixture of experts in place of every FFN (``llmedu.nn.moe.MoEFeedForward``).
+
+    Each expert is an FFN of the config's ``d_ff`` and ``activation``; a token runs ``top_k`` of them,
+    so the FFN's parameters grow ``n_experts``-fold and its FLOPs per token ``top_k``-fold.
+    ``Transformer.moe_loss()`` is ``aux_loss_coef * load-balancing loss + z_loss_coef * z-loss``,
+    summed over the layers: Switch's 0.01 (Fedus et al. 2021, sec. 2.2) and ST-MoE's 0.001 (Zoph et
+    al. 2022, sec. 3.1). Mixtral: ``MoEConfig(8, 2, capacity_factor=None)``, with SwiGLU and no biases.
+    Switch: ``MoEConfig(E, 1, renormalize=False)``; a renormalised top-1 gate is always 1, and the router
+    then learns from its auxiliary losses only.
+    """
+
+    n_experts: int = 8
+    top_k: int = 2
+    capacity_factor: float | None = 1.25  # None: no token is ever dropped
+    renormalize: bool = True  # gates renormalised over the k chosen experts (Mixtral)
+    aux_loss_coef: float = 0.01
+    z_loss_coef: float = 0.001
+
+    def __post_init__(self):
+        if self.n_experts < 1:
+            raise ValueError(f"moe.n_experts must be >= 1, got {self.n_experts}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"moe.top_k must be in 1..n_experts={self.n_experts}, got {self.top_k}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(f"moe.capacity_factor must be > 0 (or None for no limit), got {self.capacity_factor}")
+        if self.aux_loss_coef < 0 or self.z_loss_coef < 0:
+            raise ValueError(f"the loss coefficients must be >= 0, got {self.aux_loss_coef}, {self.z_loss_coef}")
 
 
 @dataclass
@@ -44,6 +77,7 @@ class TransformerConfig:
     type_vocab_size: int = 0  # BERT's segment embeddings; 0 for none
     embedding_norm: bool = False  # a norm right after the embeddings (BERT)
     tie_embeddings: bool = True  # output projection shares the token embedding matrix
+    moe: MoEConfig | None = None  # a mixture of experts in place of every FFN; None: dense
     # training
     dropout: float = 0.0
     init_std: float = 0.02
@@ -51,6 +85,8 @@ class TransformerConfig:
     fused: bool = False  # norms and activations as torch's single kernels (same maths, faster)
 
     def __post_init__(self):
+        if isinstance(self.moe, dict):  # from to_dict(), or a saved config
+            self.moe = MoEConfig(**self.moe)
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
         if self.n_kv_heads is None:

@@ -19,6 +19,10 @@ Initialisation follows GPT-2: N(0, 0.02), with the projections that write into t
 scaled by 1/sqrt(2 * n_layers) (Radford et al. 2019, sec. 2.3); DeepNorm stacks use DeepNet's
 initialisation instead.
 
+With ``config.moe`` set, every block's FFN is a mixture of experts (``llmedu.nn.moe.MoEFeedForward``):
+the block still adds ``self.mlp(h)``, and ``moe_loss()`` collects the layers' auxiliary losses of the
+last forward pass for the training loss: ``lm_loss(...) + model.transformer.moe_loss()``.
+
 Left out: encoder-decoder models, and the position handling of left-padded batches during decoding.
 """
 
@@ -32,6 +36,7 @@ from torch import nn
 from ..nn.attention import padding_bias
 from ..nn.blocks import ParallelBlock, SerialBlock
 from ..nn.kv_cache import KVCache, KVCacheLike
+from ..nn.moe import MoEFeedForward, MoEStats
 from ..nn.norms import deepnorm_constants, deepnorm_init_, make_norm
 from ..nn.positions import (
     ALiBi,
@@ -50,7 +55,7 @@ def make_block(config: TransformerConfig) -> nn.Module:
     """One block of the stack ``config`` describes (DeepNorm's alpha only where the norms are DeepNorm's)."""
     block = ParallelBlock if config.block == "parallel" else SerialBlock
     deepnorm = config.norm_placement == "deepnorm"
-    return block(
+    made = block(
         d_model=config.d_model,
         n_heads=config.n_heads,
         d_ff=config.d_ff,
@@ -65,6 +70,20 @@ def make_block(config: TransformerConfig) -> nn.Module:
         deepnorm_alpha=deepnorm_constants(config.n_layers)[0] if deepnorm else 1.0,
         fused=config.fused,
     )
+    if config.moe is not None:  # the mixture of experts takes the FFN's place
+        m = config.moe
+        made.mlp = MoEFeedForward(
+            config.d_model,
+            config.d_ff,
+            m.n_experts,
+            m.top_k,
+            m.capacity_factor,
+            config.activation,
+            config.bias,
+            m.renormalize,
+            config.fused,
+        )
+    return made
 
 
 class Transformer(nn.Module):
@@ -106,9 +125,21 @@ class Transformer(nn.Module):
         for block in self.blocks:
             if c.norm_placement == "deepnorm":
                 deepnorm_init_(block, beta=deepnorm_constants(c.n_layers)[1])
-            else:  # the two projections that add into the residual stream
-                for proj in (block.attn.o_proj, block.mlp.down_proj):
+            else:  # the projections that add into the residual stream (each expert's, in an MoE)
+                downs = [e.down_proj for e in block.mlp.experts] if c.moe is not None else [block.mlp.down_proj]
+                for proj in (block.attn.o_proj, *downs):
                     nn.init.normal_(proj.weight, std=c.init_std / math.sqrt(2 * c.n_layers))
+
+    def moe_stats(self) -> list[MoEStats]:
+        """Each MoE layer's ``MoEStats`` of the last forward pass (routing, drops, losses); [] if dense."""
+        return [b.mlp.stats for b in self.blocks if isinstance(b.mlp, MoEFeedForward) and b.mlp.stats is not None]
+
+    def moe_loss(self) -> torch.Tensor:
+        """``aux_loss_coef * aux + z_loss_coef * z`` summed over the MoE layers (last forward); 0 if dense."""
+        m, total = self.config.moe, torch.zeros((), device=self.tok_embed.weight.device)
+        for stats in self.moe_stats():
+            total = total + m.aux_loss_coef * stats.aux_loss + m.z_loss_coef * stats.z_loss
+        return total
 
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         """An empty KV cache for this model (on its device, in its dtype)."""

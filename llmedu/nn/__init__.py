@@ -15,7 +15,7 @@ from .attention import Attention, get_attention, register_attention, set_attenti
 from .blocks import ParallelBlock, SerialBlock
 from .functional import cross_entropy, log_softmax, logsumexp, softmax
 from .kv_cache import KVCache, KVCacheLike
-from .moe import MoE, MoEStats
+from .moe import MoE, MoEFeedForward, MoEStats
 from .norms import LayerNorm, RMSNorm
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "KVCacheLike",
     "LayerNorm",
     "MoE",
+    "MoEFeedForward",
     "MoEStats",
     "ParallelBlock",
     "RMSNorm",

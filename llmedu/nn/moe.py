@@ -53,6 +53,7 @@ from .activations import FeedForward
 
 __all__ = [
     "MoE",
+    "MoEFeedForward",
     "Router",
     "Assignment",
     "MoEStats",
@@ -183,13 +184,14 @@ class MoE(nn.Module):
         activation: str = "gelu",
         bias: bool = True,
         renormalize: bool = True,
+        fused: bool = False,
     ):
         super().__init__()
         if n_experts < 1:
             raise ValueError(f"n_experts must be >= 1, got {n_experts}")
         self.d_model, self.n_experts = d_model, n_experts
         self.router = Router(d_model, n_experts, top_k, capacity_factor, renormalize)
-        self.experts = nn.ModuleList(FeedForward(d_model, d_ff, activation, bias) for _ in range(n_experts))
+        self.experts = nn.ModuleList(FeedForward(d_model, d_ff, activation, bias, fused) for _ in range(n_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:  # (..., d)
         if x.shape[-1] != self.d_model:
@@ -199,3 +201,22 @@ class MoE(nn.Module):
         y = run_experts(self.experts, tokens[a.token], a.kept.tolist())  # (M, d), sorted by expert
         out = torch.zeros_like(tokens).index_add(0, a.token, y * a.gate[:, None])  # (N, d)
         return out.view_as(x), stats
+
+
+class MoEFeedForward(MoE):
+    """An ``MoE`` that fits a block's FFN slot: (B, T, d) -> (B, T, d), its stats kept in ``self.stats``.
+
+    A block calls its FFN as ``self.mlp(h)`` and adds a tensor; the auxiliary losses must still reach
+    the training loss, so the last forward's ``MoEStats`` stay on the layer until the next forward
+    (``Transformer.moe_loss`` collects them). They hold the aux losses' graph until then.
+    """
+
+    stats: MoEStats | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
+        out, self.stats = super().forward(x)
+        return out
+
+    def projections(self) -> list[nn.Linear]:
+        """Every expert's matrices (what ``deepnorm_init_`` and the GPT-2 init scale), router excluded."""
+        return [p for expert in self.experts for p in expert.projections()]

@@ -1,0 +1,80 @@
+"""The graders of lesson 19 (llmedu.checks.moe) pass our answers and fail plausible wrong ones."""
+
+import math
+
+import torch
+
+from llmedu.checks.moe import check_all_to_all_bytes, check_dropped, check_moe_parameters, check_router
+from llmedu.nn.moe import load_balancing_loss
+from llmedu.parallel.experts import all_to_all_bytes
+
+
+def _dropped(choices, n_experts, capacity_factor, token_major=False, floor=False):
+    n, k = len(choices), len(choices[0])
+    capacity = (math.floor if floor else math.ceil)(capacity_factor * n * k / n_experts)
+    order = (
+        [(t, j) for t in range(n) for j in range(k)] if token_major else [(t, j) for j in range(k) for t in range(n)]
+    )
+    used, dropped = [0] * n_experts, []
+    for t, j in order:
+        e = choices[t][j]
+        if used[e] < capacity:
+            used[e] += 1
+        else:
+            dropped.append((t, j))
+    return capacity, sorted(dropped)
+
+
+def test_check_dropped():
+    assert check_dropped(_dropped)
+    assert not check_dropped(lambda c, e, cf: _dropped(c, e, cf, token_major=True))  # token 0's choices first
+    assert not check_dropped(lambda c, e, cf: _dropped(c, e, cf, floor=True))  # floor instead of ceil
+
+
+def _parameters(config, router=True):
+    c, m = config, config.moe
+    kv = c.n_kv_heads * c.head_dim
+    attention = 2 * c.d_model * c.d_model + 2 * c.d_model * kv
+    expert = 3 * c.d_model * c.d_ff
+    layer_rest = attention + 2 * c.d_model + (m.n_experts * c.d_model if router else 0)  # norms, router
+    outer = 2 * c.vocab_size * c.d_model + c.d_model  # embeddings, untied head, final norm
+    total = c.n_layers * (layer_rest + m.n_experts * expert) + outer
+    active = c.n_layers * (layer_rest + m.top_k * expert) + outer
+    return total, active
+
+
+def test_check_moe_parameters():
+    assert check_moe_parameters(_parameters)
+    assert not check_moe_parameters(lambda c: _parameters(c, router=False))  # forgot the router
+    assert not check_moe_parameters(lambda c: (_parameters(c)[0], _parameters(c)[0]))  # every expert active
+
+
+def _router(logits, top_k, renormalize=True, per_token=False):
+    probs = logits.softmax(-1)
+    top_p, experts = probs.topk(top_k, dim=-1)
+    gates = top_p / top_p.sum(-1, keepdim=True) if renormalize else top_p
+    aux = load_balancing_loss(probs, experts, logits.shape[-1]) * (top_k if per_token else 1)
+    return experts, gates, aux
+
+
+def test_check_router():
+    assert check_router(_router)
+    # the softmax over the k chosen logits is the same as renormalising: a correct alternative
+    assert check_router(lambda x, k: (x.topk(k, -1).indices, x.topk(k, -1).values.softmax(-1), _router(x, k)[2]))
+    assert not check_router(lambda x, k: _router(x, k, renormalize=False))  # Switch's gates, not Mixtral's
+    assert not check_router(lambda x, k: _router(x, k, per_token=True))  # f counted per token: k times larger
+
+
+def _bytes(kept, rank, d, v, own=False, combine=True):
+    n, e = len(kept), len(kept[0])
+    rows = [[sum(kept[i][j * e // n : (j + 1) * e // n]) for j in range(n)] for i in range(n)]
+    out = sum(rows[rank][j] for j in range(n) if own or j != rank)
+    back = sum(rows[i][rank] for i in range(n) if own or i != rank) if combine else 0
+    return (e - e // n) * 8 + (out + back) * d * v
+
+
+def test_check_all_to_all_bytes():
+    assert check_all_to_all_bytes(_bytes)
+    assert check_all_to_all_bytes(lambda k, r, d, v: all_to_all_bytes(torch.tensor(k), r, d, v))
+    assert not check_all_to_all_bytes(lambda k, r, d, v: _bytes(k, r, d, v, own=True))  # own rows never leave
+    assert not check_all_to_all_bytes(lambda k, r, d, v: _bytes(k, r, d, v, combine=False))  # results come back
