@@ -19,7 +19,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from llmedu.parallel import launch
-from llmedu.parallel.context_parallel import attention_peak_memory, ring_attention, tiles_computed, work_per_rank
+from llmedu.parallel.context_parallel import (
+    attention_peak_memory,
+    merge_partial_attention,
+    ring_attention,
+    ring_bytes_sent,
+    tiles_computed,
+    work_per_rank,
+)
 from llmedu.parallel.sequence_layout import merge_sequence, split_sequence, zigzag_merge, zigzag_split
 
 ATOL = 1e-5
@@ -66,10 +73,28 @@ def _bad_input_messages(rank: int) -> list[str]:
     return messages
 
 
+def _forward_bytes_sent(rank: int, world: int) -> int:
+    """Bytes this rank hands to isend during one forward (no shape check): the count ring_bytes_sent predicts."""
+    sent, original = [0], dist.isend
+
+    def counting(tensor, *args, **kwargs):
+        sent[0] += tensor.numel() * tensor.element_size()
+        return original(tensor, *args, **kwargs)
+
+    dist.isend = counting
+    try:
+        q = split_sequence(_full_inputs()[0], rank, world)
+        ring_attention(q, q, q, causal=True, check=False)
+    finally:
+        dist.isend = original
+    return sent[0]
+
+
 def _worker() -> dict:
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {case: _errors(*case, rank, world) for case in CASES}
+    result["sent"] = _forward_bytes_sent(rank, world)
     result["memory"] = {
         (layout, n): attention_peak_memory(split_sequence(torch.randn(B, H, n, D), rank, world, layout), True, layout)
         for layout in ("contiguous", "zigzag")
@@ -123,6 +148,28 @@ def test_bad_input_raises_the_same_error_on_every_rank(ranks):
         assert "every rank must pass the same shape" in mismatch
         assert "rank 0 has (1, 2, 4, 8)" in mismatch and "rank 1 has (1, 2, 6, 8)" in mismatch
         assert "even number" in odd
+
+
+def test_forward_sends_what_ring_bytes_sent_predicts(ranks):
+    world, results = ranks
+    assert [result["sent"] for result in results] == [ring_bytes_sent(B, H, T, D, world)] * world
+
+
+def test_merge_partial_attention_equals_one_softmax():
+    """Two key blocks merged by their logsumexps = softmax over all keys (fp64, so 1e-12)."""
+    g = torch.Generator().manual_seed(3)
+    s, v = torch.randn(2, 3, 5, 11, generator=g, dtype=torch.float64), torch.randn(2, 3, 11, 4, dtype=torch.float64)
+    parts = [
+        (torch.softmax(s[..., c], -1) @ v[..., c, :], torch.logsumexp(s[..., c], -1))
+        for c in (slice(0, 4), slice(4, 11))
+    ]
+    o, lse = merge_partial_attention(*parts[0], *parts[1])
+    assert (o - torch.softmax(s, -1) @ v).abs().max() < 1e-12
+    assert (lse - torch.logsumexp(s, -1)).abs().max() < 1e-12
+    o, lse = merge_partial_attention(*parts[0], torch.zeros_like(parts[0][0]), torch.full_like(parts[0][1], -torch.inf))
+    assert torch.equal(o, parts[0][0]) and torch.equal(lse, parts[0][1])  # a block no query could see adds nothing
+    with pytest.raises(ValueError, match="not divisible by 3"):
+        ring_bytes_sent(1, 1, 8, 4, 3)
 
 
 def test_one_rank_without_torch_distributed_is_plain_attention():

@@ -14,6 +14,7 @@ zero_unit       one module's parameters as one flat buffer, padded, sharded acro
 zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
 offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
 sequence_parallel Megatron-SP: norms and dropout split along the sequence, g/g-bar (all-gather/reduce-scatter)
+sequence_parallel_attention  Megatron-SP's attention half and a whole pre-LN block under SP
 sequence_layout how context parallelism cuts a sequence across ranks: contiguous or zig-zag chunks
 context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
 experts         expert parallelism: E/N experts per rank, tokens dispatched and combined by two all-to-alls
@@ -55,6 +56,7 @@ from .pipeline_parallel import (
 from .pipeline_schedules import simulate
 from .planner import NothingFits, plan
 from .sequence_parallel import SequenceParallelMLPBlock, gather_sequence, reduce_scatter_sequence
+from .sequence_parallel_attention import SequenceParallelBlock
 from .tensor_parallel import (
     ColumnParallelLinear,
     ParallelAttention,
@@ -71,6 +73,7 @@ __all__ = [
     "ring_attention",
     "ExpertParallelMoE",
     "SequenceParallelMLPBlock",
+    "SequenceParallelBlock",
     "gather_sequence",
     "reduce_scatter_sequence",
     "launch",

@@ -16,6 +16,9 @@ maximum m, sum l and unnormalised output acc; for each new block of scores S_j:
     m_new = max(m, rowmax(S_j))    l = exp(m - m_new) l + rowsum(exp(S_j - m_new))
     acc = exp(m - m_new) acc + exp(S_j - m_new) V_j       ... and at the end O = acc / l, L = m + log l
 
+``merge_partial_attention`` is the same identity for two blocks already normalised: weights
+exp(lse_i - lse) with lse = log(e^lse1 + e^lse2). ``ring_bytes_sent`` counts what a rank sends in forward.
+
 Backward (FlashAttention-2, Algorithm 2) keeps only O and L. K/V go around the ring once more, the
 probabilities are recomputed exactly, P = exp(S - L), and with D = rowsum(dO * O):
 
@@ -67,6 +70,8 @@ __all__ = [
     "tiles_computed",
     "TileCount",
     "attention_peak_memory",
+    "merge_partial_attention",
+    "ring_bytes_sent",
 ]
 
 _KV, _GRAD_KV = 0, 1  # message tags: K/V blocks and their gradients travel the ring at the same time
@@ -104,6 +109,26 @@ def work_per_rank(seq_len: int, world: int, layout: str = "contiguous", causal: 
     return [
         sum(1 for s in range(world) for _ in tiles(r, (r - s) % world, world, layout, causal)) for r in range(world)
     ]
+
+
+def merge_partial_attention(o1, lse1, o2, lse2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over keys K1 then K2 from the two halves' *normalised* outputs and logsumexps.
+
+    o_i (..., T, D) = softmax(S_i) V_i and lse_i (..., T) = logsumexp(S_i) over key block i. The whole
+    softmax weighs block i by its share of the total mass, exp(lse_i - lse) with lse = log(e^lse1 + e^lse2):
+    the identity the ring's online softmax applies one block at a time (lesson 15). A block with no
+    visible key (lse = -inf) gets weight 0.
+    """
+    lse = torch.logaddexp(lse1, lse2)  # (..., T)
+    w1 = torch.exp(lse1 - lse).nan_to_num(0.0)  # -inf - -inf: a row that saw no key at all
+    w2 = torch.exp(lse2 - lse).nan_to_num(0.0)
+    return w1[..., None] * o1 + w2[..., None] * o2, lse
+
+
+def ring_bytes_sent(batch: int, heads: int, seq_len: int, head_dim: int, world: int, bytes_per: int = 4) -> int:
+    """Bytes one rank sends in one forward of ring attention: N - 1 steps, each a K and a V block (B, H, T/N, D)."""
+    n_chunks(seq_len, world, "contiguous")
+    return (world - 1) * 2 * batch * heads * (seq_len // world) * head_dim * bytes_per
 
 
 # -- the ring ---------------------------------------------------------------------------------------

@@ -34,8 +34,10 @@ Megatron keeps activations as (T, B, d), so that the sequence is the outermost d
 the ranks' pieces are contiguous for the collectives; we keep the course's (B, T, d) and move the
 sequence to the front for each collective, which costs a copy.
 
-Left out: the attention half (the same g / g-bar around ``ParallelAttention``; attention itself
-needs the whole sequence, which g gives it), overlapping the backward all-gather with the weight
+The attention half (the same g / g-bar around the head-split attention; attention itself needs the
+whole sequence, which g gives it) and a whole block are in ``sequence_parallel_attention.py``.
+
+Left out: overlapping the backward all-gather with the weight
 gradient matmul, and per-rank RNG streams for dropout: seed each rank differently
 (``torch.manual_seed(seed + rank)``), or every rank drops the same positions of its own shard.
 """
