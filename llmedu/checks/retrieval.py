@@ -1,0 +1,62 @@
+"""Graders for lesson 21, retrieval.
+
+check_pq_code_bytes(fn)        fn(d, M, nbits) -> (bytes of one packed PQ code, compression ratio against the
+                               float32 vector): Jegou et al. 2011
+check_knn_interpolation(fn)    fn(log_p_lm, log_p_knn, lam) -> log(lam p_kNN + (1 - lam) p_LM), kNN-LM's eq. 3
+                               (Khandelwal et al. 2020), which must stay a distribution
+check_ivf_search_cost(fn)      fn(n, d, nlist, nprobe) -> multiply-adds per query of IVF-Flat, lists of equal
+                               size: the coarse search plus the probed lists
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmedu.checks.core import CheckResult, Grader
+from llmedu.retrieval.knn_lm import interpolate
+from llmedu.retrieval.pq import ProductQuantizer
+
+__all__ = ["check_pq_code_bytes", "check_knn_interpolation", "check_ivf_search_cost"]
+
+
+def check_pq_code_bytes(fn) -> CheckResult:
+    """Against ``ProductQuantizer.code_bytes`` and 4 d bytes per float32 vector."""
+    g = Grader("check_pq_code_bytes")
+    for d, M, nbits in [(64, 8, 8), (128, 16, 8), (768, 96, 8), (64, 16, 4), (96, 12, 6)]:
+        code = ProductQuantizer(d, M, nbits).code_bytes()
+        got = g.call(fn, d, M, nbits)
+        g.compare(f"d={d}, M={M}, nbits={nbits}: (bytes, ratio)", got, (float(code), 4.0 * d / code), rtol=1e-9)
+    return g.result()
+
+
+def check_knn_interpolation(fn) -> CheckResult:
+    """Against ``llmedu.retrieval.knn_lm.interpolate``, and the result must sum to 1."""
+    g = Grader("check_knn_interpolation")
+    gen = torch.Generator().manual_seed(0)
+    log_p_lm = torch.log_softmax(torch.randn(6, 11, generator=gen), -1)  # (N, V)
+    p_knn = torch.zeros(6, 11)
+    p_knn[:, :3] = torch.softmax(torch.randn(6, 3, generator=gen), -1)  # neighbours voted for 3 tokens only
+    log_p_knn = p_knn.log()  # -inf elsewhere, as in a real kNN distribution
+    for lam in (0.25, 0.5, 0.0, 0.9):
+        got = g.call(fn, log_p_lm.clone(), log_p_knn.clone(), lam)
+        if g.compare(f"lambda={lam}", got, interpolate(log_p_lm, log_p_knn, lam), atol=1e-5, rtol=1e-5):
+            g.expect(
+                f"lambda={lam}: exp of the result sums to 1",
+                bool(torch.allclose(got.exp().sum(-1), torch.ones(6), atol=1e-5)),
+            )
+    return g.result()
+
+
+def check_ivf_search_cost(fn) -> CheckResult:
+    """nlist * d (distances to every centroid) + nprobe * (n / nlist) * d (the vectors of the probed lists)."""
+    g = Grader("check_ivf_search_cost")
+    for n, d, nlist, nprobe in [
+        (100_000, 64, 256, 8),
+        (1_000_000, 128, 1024, 16),
+        (10_000, 32, 100, 100),
+        (4096, 8, 64, 1),
+    ]:
+        expected = nlist * d + nprobe * (n / nlist) * d
+        got = g.call(fn, n, d, nlist, nprobe)
+        g.compare(f"n={n}, d={d}, nlist={nlist}, nprobe={nprobe}", got, float(expected), rtol=1e-9)
+    return g.result()
