@@ -31,3 +31,30 @@ def test_graders_fail_typical_mistakes(capsys):
     assert not check_checkpoint(lambda f, x: f(x))  # right answer, but saves every activation
     assert not check_checkpoint(lambda f, x: f(x).detach())  # cuts the graph
     assert "FAIL check_accumulate" in capsys.readouterr().out
+
+
+def token_accumulate(model, token_losses, micro_batches):
+    total = sum(token_losses(model, b)[1].sum() for b in micro_batches)  # real tokens of the whole step
+    for b in micro_batches:
+        losses, mask = token_losses(model, b)
+        ((losses * mask).sum() / total).backward()
+
+
+def test_token_accumulate_grader():
+    from llmedu.checks.train import check_token_accumulate
+
+    assert check_token_accumulate(token_accumulate)
+
+    def mean_of_means(model, token_losses, micro_batches):  # the pitfall: each micro-batch's own mean / k
+        for b in micro_batches:
+            losses, mask = token_losses(model, b)
+            ((losses * mask).sum() / mask.sum() / len(micro_batches)).backward()
+
+    def padding_counted(model, token_losses, micro_batches):  # divides by every position, padding included
+        n = sum(token_losses(model, b)[1].numel() for b in micro_batches)
+        for b in micro_batches:
+            losses, mask = token_losses(model, b)
+            ((losses * mask).sum() / n).backward()
+
+    assert not check_token_accumulate(mean_of_means)
+    assert not check_token_accumulate(padding_counted)

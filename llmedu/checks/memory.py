@@ -2,14 +2,18 @@
 
 check_zero_bytes(fn)   fn(n_params, world_size, stage) -> bytes of model states on one rank,
                        mixed precision with Adam (K = 12), ZeRO stage 0 (plain data parallel) to 3
+check_attention_crossover(fn)
+                       fn(hidden, n_heads, bytes_per_value, dropout) -> the sequence length s at which the
+                       attention term of Korthikanti et al.'s activation count (the one in a·s²·b) equals
+                       the term linear in s·b·h
 """
 
 from __future__ import annotations
 
 from llmedu.checks.core import CheckResult, Grader
-from llmedu.memory.estimate import zero_bytes_per_rank
+from llmedu.memory.estimate import activation_bytes_per_layer, zero_bytes_per_rank
 
-__all__ = ["check_zero_bytes"]
+__all__ = ["check_zero_bytes", "check_attention_crossover"]
 
 # (Ψ, N): a round number, ZeRO's Figure 1 (7.5B on 64 GPUs), and a Ψ that N does not divide.
 _CASES = [(1_000_000, 8), (7_500_000_000, 64), (124_439_808, 3)]
@@ -23,4 +27,34 @@ def check_zero_bytes(fn) -> CheckResult:
             expected = sum(zero_bytes_per_rank(n_params, world_size, stage).values())
             got = g.call(fn, n_params, world_size, stage)
             g.compare(f"Ψ={n_params:,} parameters on N={world_size} ranks, stage {stage}", got, expected, rtol=1e-9)
+    return g.result()
+
+
+# (h, a, bytes per value, dropout): GPT-3 175B and Llama-7B shapes in the paper's 16-bit setting, and two
+# settings the lesson's formula line does not show (fp32 without dropout, fp32 with dropout).
+_CROSSOVER_CASES = [
+    (12288, 96, 2, True),
+    (4096, 32, 2, True),
+    (4096, 32, 4, False),
+    (768, 12, 4, True),
+    (64, 4, 2, False),
+]
+
+
+def check_attention_crossover(fn) -> CheckResult:
+    """Grade ``fn(hidden, n_heads, bytes_per_value, dropout)``: at the returned s the two terms are equal.
+
+    The reference is not a second copy of the answer: it reads both terms off
+    ``activation_bytes_per_layer`` itself (the bytes at s = 1 minus the quadratic part, and the
+    growth of the quadratic part), so a wrong coefficient anywhere fails.
+    """
+    g = Grader("check_attention_crossover")
+    for h, a, v, dropout in _CROSSOVER_CASES:
+        # bytes(s) = L*s + Q*s^2 for b = 1: two evaluations give L and Q exactly
+        one, two = (activation_bytes_per_layer(s, 1, h, a, bytes_per_value=v, dropout=dropout) for s in (1, 2))
+        quadratic = (two - 2 * one) / 2  # Q
+        linear = one - quadratic  # L
+        expected = linear / quadratic  # L*s = Q*s^2  <=>  s = L/Q
+        got = g.call(fn, h, a, v, dropout)
+        g.compare(f"h={h}, a={a}, {v}-byte values, dropout={dropout}", got, expected, rtol=1e-6)
     return g.result()

@@ -7,6 +7,9 @@ check_scale_update(fn)        fn(scale, clean_steps, found_inf, growth_interval)
 check_accumulate(fn)          fn(model, loss_fn, micro_batches) leaves in .grad the gradient of the mean
                               loss over all micro-batches (= one big batch)
 check_checkpoint(fn)          fn(f, x) -> f(x) with the same gradients, but saving only x for backward
+check_token_accumulate(fn)    fn(model, token_losses, micro_batches) leaves in .grad the gradient of the mean
+                              loss over every real token of every micro-batch, when the micro-batches hold
+                              different numbers of tokens (padding)
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from llmedu.checks.core import CheckResult, Grader
 from llmedu.memory.estimate import adamw_fp32_bytes, mixed_precision_adam_bytes
 from llmedu.train.precision import LossScaler
 
-__all__ = ["check_adam_state_bytes", "check_scale_update", "check_accumulate", "check_checkpoint"]
+__all__ = [
+    "check_adam_state_bytes",
+    "check_scale_update",
+    "check_accumulate",
+    "check_checkpoint",
+    "check_token_accumulate",
+]
 
 
 def check_adam_state_bytes(fn) -> CheckResult:
@@ -109,4 +118,39 @@ def check_checkpoint(fn) -> CheckResult:
         kept <= x0.numel() * 4 * 2,
         f"{kept:,} bytes were saved for backward in the forward pass (f alone saves {plain:,}); keep only x",
     )
+    return g.result()
+
+
+def _token_losses(model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token losses (B, T) of a tiny sequence model and the mask (B, T) of real (not padding) tokens."""
+    x, y, mask = batch  # (B, T, 6), (B, T, 2), (B, T)
+    return ((model(x) - y) ** 2).mean(-1), mask
+
+
+def check_token_accumulate(fn) -> CheckResult:
+    """``fn(model, token_losses, micro_batches)``: ``.grad`` must hold the gradient of the mean over all tokens.
+
+    ``token_losses(model, batch) -> (losses (B, T), mask (B, T))``, mask 1.0 for a real token and 0.0 for
+    padding. The micro-batches hold very different numbers of real tokens, so the mean of the
+    per-micro-batch means (each micro-batch's mean divided by k) is wrong by up to tens of per cent.
+    """
+    g = Grader("check_token_accumulate")
+    gen = torch.Generator().manual_seed(2)
+    B, T = 12, 10
+    x, y = torch.randn(B, T, 6, generator=gen), torch.randn(B, T, 2, generator=gen)
+    lengths = torch.tensor([10, 9, 10, 8, 1, 2, 1, 3, 6, 5, 7, 2])  # real tokens per sequence, then padding
+    mask = (torch.arange(T) < lengths[:, None]).float()  # (B, T)
+    for k in (2, 3, 4):
+        reference = _model()
+        losses, m = _token_losses(reference, (x, y, mask))
+        ((losses * m).sum() / m.sum()).backward()
+        model = _model()
+        micro = list(zip(x.chunk(k), y.chunk(k), mask.chunk(k)))
+        tokens = [int(mb[2].sum()) for mb in micro]
+        g.call(fn, model, _token_losses, micro)
+        got = [p.grad if p.grad is not None else torch.full_like(p, float("nan")) for p in model.parameters()]
+        # the same per-token gradients summed in another order: fp32 rounding only
+        g.compare(
+            f"{k} micro-batches holding {tokens} real tokens", got, [p.grad for p in reference.parameters()], atol=1e-6
+        )
     return g.result()

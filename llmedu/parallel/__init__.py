@@ -29,6 +29,7 @@ example         ``python -m llmedu.parallel.example``: one GPT trained with DDP,
 
 from .collectives import (
     all_gather,
+    all_to_all,
     broadcast,
     gather,
     reduce,
@@ -83,6 +84,7 @@ __all__ = [
     "gather",
     "scatter",
     "all_gather",
+    "all_to_all",
     "reduce_scatter",
     "ring_all_reduce",
     "traffic",

@@ -12,6 +12,11 @@ In the alpha-beta model a message of ``b`` bytes takes ``alpha + b / beta`` seco
 * ``ring_all_reduce`` is reduce-scatter followed by all-gather (Patarasuk & Yuan, 2009; the
   scheme Baidu brought to deep learning in 2017): each rank sends ``2 (N - 1) / N`` times the
   tensor, independent of N, which is why it is bandwidth-optimal.
+* ``all_to_all`` is a transpose across ranks: rank r sends piece j of its tensor to rank j and
+  receives piece r of every rank's, in ``N - 1`` pairwise steps (in step s, send to ``r + s``,
+  receive from ``r - s``). Each rank sends ``(N - 1) / N`` of its tensor, all of it data that no
+  other rank has, so no algorithm sends less; expert parallelism (mixture-of-experts) and
+  Ulysses-style sequence parallelism are built on it.
 
 Sizes need not divide: chunks are ``torch.tensor_split`` pieces (some one element larger, some
 possibly empty). The messages go through ``p2p.py``, whose ``with traffic() as t:`` counts the
@@ -44,6 +49,8 @@ __all__ = [
     "all_gather",
     "reduce_scatter",
     "ring_all_reduce",
+    "all_to_all",
+    "all_to_all_bytes",
     "traffic",
     "Traffic",
 ]
@@ -68,6 +75,16 @@ def ring_all_reduce_bytes(numel: int, world_size: int, element_size: int = 4) ->
     small, extra = divmod(numel, world_size)  # torch.tensor_split: the first `extra` chunks get one more
     sizes = [small + (r < extra) for r in range(world_size)]
     return [element_size * ((numel - sizes[r]) + (numel - sizes[(r + 1) % world_size])) for r in range(world_size)]
+
+
+def all_to_all_bytes(rows: int, row_numel: int, world_size: int, element_size: int = 4) -> list[int]:
+    """Bytes each rank sends in ``all_to_all`` of a (rows, ...) tensor with ``row_numel`` elements a row.
+
+    Rank r keeps its own piece r (``tensor_split`` along dim 0) and sends every other piece once.
+    """
+    small, extra = divmod(rows, world_size)
+    sizes = [small + (r < extra) for r in range(world_size)]
+    return [element_size * row_numel * (rows - sizes[r]) for r in range(world_size)]
 
 
 # -- rings on lists of chunks (views of one flat buffer) ------------------------------------------
@@ -230,6 +247,25 @@ def scatter(tensor: torch.Tensor, src: int = 0, *, check: bool = True) -> torch.
     mine = torch.empty_like(pieces[rank])
     _recv(mine, src)
     return mine
+
+
+def all_to_all(tensor: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+    """Piece r (``tensor_split`` along dim 0) of every rank's tensor, concatenated in rank order, on rank r.
+
+    Every rank passes the same shape. Rank r's result is (sum over ranks of piece r's rows, ...):
+    with rows divisible by N, the same shape as the input.
+    """
+    _need_dims(tensor, "all_to_all")
+    if check:
+        _shapes_everywhere(tensor, "all_to_all")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    pieces = tensor.detach().contiguous().tensor_split(n, dim=0)  # pieces[j] goes to rank j
+    received = [torch.empty_like(pieces[rank]) for _ in range(n)]  # received[q]: rank q's piece for me
+    received[rank].copy_(pieces[rank])
+    for step in range(1, n):  # pairwise: everyone sends and receives once per step, no rank idles
+        to, frm = (rank + step) % n, (rank - step) % n
+        _exchange(pieces[to].contiguous(), to, received[frm], frm)
+    return torch.cat(received, dim=0)
 
 
 # -- checks that fail on every rank at once ----------------------------------------------------------

@@ -1,0 +1,25 @@
+"""The graders of lesson 06 pass the right answers and fail typical mistakes."""
+
+from llmedu.checks.memory import check_attention_crossover, check_zero_bytes
+from llmedu.memory.estimate import zero_bytes_per_rank
+
+
+def crossover(h, a, v, dropout):
+    d = int(dropout)
+    return (16 * v + 2 * d) * h / ((v + d * (1 + v)) * a)
+
+
+def test_zero_bytes_grader():
+    assert check_zero_bytes(lambda n, w, stage: sum(zero_bytes_per_rank(n, w, stage).values()))
+    assert not check_zero_bytes(lambda n, w, stage: 16 * n / w)  # every stage sharded like stage 3
+
+
+def test_crossover_grader_passes_the_right_answer():
+    assert check_attention_crossover(crossover)
+
+
+def test_crossover_grader_fails_typical_mistakes(capsys):
+    assert not check_attention_crossover(lambda h, a, v, d: 34 * h / (5 * a))  # the 16-bit answer everywhere
+    assert not check_attention_crossover(lambda h, a, v, d: (34 * h / (5 * a)) ** 0.5)  # treats it as s^2 vs 1
+    assert not check_attention_crossover(lambda h, a, v, d: crossover(h, a, v, not d))  # dropout terms swapped
+    assert "FAIL check_attention_crossover" in capsys.readouterr().out
