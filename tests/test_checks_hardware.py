@@ -4,6 +4,8 @@ A grader is only useful if it fails the wrong answers with a message that points
 so most cases here are wrong learner functions and the message each one must produce.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -115,3 +117,24 @@ def test_hardware_graders_survive_an_unfinished_exercise(grader):
 
     res = grader(todo)
     assert not res and "raised NotImplementedError: your code here" in res.failure
+
+
+def _batch_closed_form(k, n, peak, bw, s):  # 2bkn / (s (bk + kn + bn)) >= peak / bw, solved for b
+    ridge = peak / bw
+    return math.ceil(ridge * s * k * n / (2 * k * n - ridge * s * (k + n)))
+
+
+def test_check_compute_bound_batch():
+    assert checks.check_compute_bound_batch(_batch_closed_form)
+    res = checks.check_compute_bound_batch(lambda k, n, peak, bw, s: math.ceil(peak / bw))  # the ridge point
+    assert not res and "the ridge point itself" in res.failure
+    res = checks.check_compute_bound_batch(lambda k, n, peak, bw, s: math.ceil(peak / bw * s / 2))  # counts only b
+    assert not res
+
+
+def test_check_elementwise_intensity():
+    assert checks.check_elementwise_intensity(lambda n, s, wa: (n - 1) / ((n + 1 + wa) * s))
+    res = checks.check_elementwise_intensity(lambda n, s, wa: (n - 1) / (n * s))  # forgot the write
+    assert not res and "2 inputs" in res.failure
+    res = checks.check_elementwise_intensity(lambda n, s, wa: (n - 1) / ((n + 1) * s))  # ignores write-allocate
+    assert not res and "write-allocate True" in res.failure

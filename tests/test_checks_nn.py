@@ -1,5 +1,7 @@
 """The graders of lessons 02-05 pass correct answers and fail the common wrong ones."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -52,3 +54,46 @@ def test_wrong_answers_fail(capsys):
     assert not checks.check_layernorm(
         lambda x, w, b, eps: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True) * w + b
     )
+
+
+# -- the understanding exercises of lessons 02-04 ----------------------------------------------------
+def _score_by_offset(q, k, offset, base):  # <R_p q, R_{p-offset} k> = <R_offset q, k>
+    cos, sin = rope_cos_sin(torch.tensor([offset]), q.shape[-1], base)
+    return (apply_rope(q[None, None, None], cos, sin)[0, 0, 0] * k).sum()
+
+
+def test_lesson02_graders():
+    assert checks.check_sinusoid_wavelength(lambda i, d, base: 2 * math.pi * base ** (2 * i / d))
+    assert not checks.check_sinusoid_wavelength(lambda i, d, base: base ** (2 * i / d))  # 1/frequency
+    assert checks.check_rope_relative(_score_by_offset)
+    assert not checks.check_rope_relative(lambda q, k, o, b: _score_by_offset(q, k, -o, b))  # wrong direction
+    assert not checks.check_rope_relative(lambda q, k, o, b: (q * k).sum())  # ignores position
+    assert checks.check_rope_interpolation(lambda p, D, tr, tg: rope_cos_sin(p * (tr / tg), D))
+    assert not checks.check_rope_interpolation(lambda p, D, tr, tg: rope_cos_sin(p * (tg / tr), D))
+    assert not checks.check_rope_interpolation(lambda p, D, tr, tg: rope_cos_sin(p, D, 10000.0 * tg / tr))  # base
+
+
+def test_lesson03_graders():
+    assert checks.check_glu_width(lambda d_ff: round(2 * d_ff / 3))
+    assert not checks.check_glu_width(lambda d_ff: d_ff)  # three matrices of the old width: 1.5x the parameters
+    assert not checks.check_glu_width(lambda d_ff: d_ff // 2)
+    assert checks.check_rmsnorm_as_layernorm(lambda x: x - x.mean(-1, keepdim=True))
+    assert not checks.check_rmsnorm_as_layernorm(lambda x: x)
+    assert not checks.check_rmsnorm_as_layernorm(lambda x: x / x.std(-1, keepdim=True))
+    assert checks.check_depth_gradient_ratio(lambda p, a, b: math.sqrt(b / a) if p == "pre" else 1.0)
+    assert not checks.check_depth_gradient_ratio(lambda p, a, b: b / a if p == "pre" else 1.0)  # 1/L, not 1/sqrt(L)
+    assert not checks.check_depth_gradient_ratio(lambda p, a, b: math.sqrt(b / a))  # post-LN too
+
+
+def _mean_pool(w, H, H_kv):
+    return w.view(H_kv, H // H_kv, -1, w.shape[-1]).mean(1).flatten(0, 1)
+
+
+def test_lesson04_graders():
+    assert checks.check_gqa_from_mha(_mean_pool)
+    assert not checks.check_gqa_from_mha(lambda w, H, Hk: w.view(Hk, H // Hk, -1, w.shape[-1])[:, 0].flatten(0, 1))
+    # strided groups (heads j, j + H_kv, ...) are not the groups repeat_kv serves
+    assert not checks.check_gqa_from_mha(lambda w, H, Hk: w.view(H // Hk, Hk, -1, w.shape[-1]).mean(0).flatten(0, 1))
+    assert checks.check_decode_speedup(lambda W, C, H, Hk: (W + C) / (W + C * Hk / H))
+    assert not checks.check_decode_speedup(lambda W, C, H, Hk: H / Hk)  # the cache ratio: ignores the weights
+    assert not checks.check_decode_speedup(lambda W, C, H, Hk: C / (C * Hk / H) if C > W else 1.0)

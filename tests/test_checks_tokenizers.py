@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from llmedu.checks.tokenizers import (
+    check_bpe_vs_wordpiece,
     check_count_pairs,
+    check_count_segmentations,
     check_merge_pair,
     check_viterbi,
     check_wordpiece,
@@ -66,3 +68,26 @@ def test_viterbi_grader():
         return wordpiece_reference(word, set(scores), prefix="")
 
     assert not check_viterbi(greedy)
+
+
+def test_bpe_vs_wordpiece_grader():
+    # 'a' and 'b' are common alone, so their pair is frequent but unsurprising; 'q' and 'z' only occur together
+    assert check_bpe_vs_wordpiece(lambda: {"ab": 10, "a": 50, "b": 50, "qz": 4})
+    toy = {"low": 5, "lower": 2, "newest": 6, "widest": 3}  # Sennrich's corpus: both may merge ('s', 't') first
+    res = check_bpe_vs_wordpiece(lambda: toy)
+    assert not res and "both merge ('s', 't') first" in res.failure
+    assert not check_bpe_vs_wordpiece(lambda: {"ab": 3})  # one pair: nothing to choose
+    assert not check_bpe_vs_wordpiece(lambda: ["ab", "qz"])  # not {word: count}
+    assert not check_bpe_vs_wordpiece(lambda: {"a": 3, "b": 2})  # no pair at all
+
+
+def test_count_segmentations_grader():
+    def count(word, vocab):
+        ways = [1] + [0] * len(word)
+        for end in range(1, len(word) + 1):
+            ways[end] = sum(ways[s] for s in range(end) if word[s:end] in vocab)
+        return ways[-1]
+
+    assert check_count_segmentations(count)
+    assert not check_count_segmentations(lambda word, vocab: 2 ** (len(word) - 1))  # ignores the vocabulary
+    assert not check_count_segmentations(lambda word, vocab: int(wordpiece_reference(word, vocab, "") != ["[UNK]"]))

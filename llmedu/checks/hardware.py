@@ -3,6 +3,11 @@
     check_matmul_flops(fn)          fn(m, k, n) -> FLOPs of an (m, k) @ (k, n) matmul
     check_arithmetic_intensity(fn)  fn(m, k, n, bytes_per_element) -> FLOP per byte of that matmul
     check_attainable_flops(fn)      fn(intensity, peak_flops, bandwidth) -> the roofline, in FLOP/s
+    check_compute_bound_batch(fn)   fn(k, n, peak_flops, bandwidth, bytes_per_element) -> smallest batch b
+                                    for which (b, k) @ (k, n) reaches the ridge point
+    check_elementwise_intensity(fn) fn(n_inputs, bytes_per_element, write_allocate) -> FLOP/B of summing
+                                    n_inputs tensors elementwise (the output counted once more when stores
+                                    first read their cache line)
 
 Each compares the learner's answer with ``llmedu.hardware.roofline`` on a few cases, square and
 not, small and GPT-3 sized, on both sides of a ridge point.
@@ -10,10 +15,18 @@ not, small and GPT-3 sized, on both sides of a ridge point.
 
 from __future__ import annotations
 
+import math
+
 from ..hardware import roofline
 from .core import CheckResult, Grader
 
-__all__ = ["check_matmul_flops", "check_arithmetic_intensity", "check_attainable_flops"]
+__all__ = [
+    "check_matmul_flops",
+    "check_arithmetic_intensity",
+    "check_attainable_flops",
+    "check_compute_bound_batch",
+    "check_elementwise_intensity",
+]
 
 _SHAPES = [(2, 3, 4), (1, 1, 1), (64, 128, 32), (4096, 12288, 12288)]  # last: a GPT-3 projection
 
@@ -62,4 +75,40 @@ def check_attainable_flops(fn) -> CheckResult:
             roofline.attainable_flops(intensity, peak, bandwidth),
             rtol=1e-9,
         )
+    return g.result()
+
+
+def _smallest_compute_bound_batch(k: int, n: int, peak: float, bandwidth: float, size: int) -> int:
+    """By search, not by formula: the first b whose matmul's intensity reaches peak / bandwidth."""
+    ridge, b = peak / bandwidth, 1
+    while roofline.matmul(b, k, n, bytes_per_element=size).intensity < ridge:
+        b += 1
+    return b
+
+
+def check_compute_bound_batch(fn) -> CheckResult:
+    """``fn(k, n, peak_flops, bandwidth, bytes_per_element)``: the smallest batch that is compute-bound."""
+    g = Grader("check_compute_bound_batch")
+    chips = {"H100 SXM": (989e12, 3.35e12), "A100 SXM": (312e12, 2.039e12), "IPU GC200": (250e12, 47.5e12)}
+    for (chip, (peak, bw)), (k, n) in zip(chips.items(), ((12288, 12288), (4096, 11008), (12288, 12288))):
+        expected = _smallest_compute_bound_batch(k, n, peak, bw, 2)
+        got = g.call(fn, k, n, peak, bw, 2)
+        if isinstance(got, (int, float)) and got == math.ceil(peak / bw) != expected:
+            g.expect(
+                f"{chip}, (b x {k}) @ ({k} x {n})",
+                False,
+                f"got {got}, the ridge point itself; the weights' bytes count too, so the batch must be larger",
+            )
+        g.compare(f"{chip}, (b x {k}) @ ({k} x {n}), bf16", got, expected)
+    return g.result()
+
+
+def check_elementwise_intensity(fn) -> CheckResult:
+    """Summing n tensors: n - 1 adds per element; n reads, one write, and one more read of the output's
+    cache line when the cache allocates on a write."""
+    g = Grader("check_elementwise_intensity")
+    for n_inputs, size, write_allocate in ((2, 2, False), (2, 4, True), (3, 4, False), (8, 2, True)):
+        expected = (n_inputs - 1) / ((n_inputs + 1 + int(write_allocate)) * size)
+        case = f"{n_inputs} inputs, {size}-byte elements, write-allocate {write_allocate}"
+        g.compare(case, g.call(fn, n_inputs, size, write_allocate), expected, rtol=1e-9)
     return g.result()

@@ -11,9 +11,23 @@ and compares it with ``llmedu.nn`` / ``llmedu.models``.
     check_gqa_attention(fn)     fn(q (B, H, T, D), k, v (B, H_kv, T, D), causal) -> (B, H, T, D)
     check_kv_cache_bytes(fn)    fn(n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_value) -> int
     check_flops_per_token(fn)   fn(n_params, n_layers, seq_len, d_model) -> training FLOPs per token
+
+Lesson 02: understanding, not retyping the code shown:
+    check_sinusoid_wavelength(fn)   fn(i, d_model, base) -> wavelength, in positions, of channel pair i
+    check_rope_relative(fn)         fn(q (D,), k (D,), offset, base) -> RoPE score of q at p and k at p - offset
+    check_rope_interpolation(fn)    fn(positions (T,), head_dim, train_len, target_len) -> (cos, sin) of PI
+Lesson 03:
+    check_glu_width(fn)             fn(d_ff) -> SwiGLU hidden width with a plain FFN's parameters
+    check_rmsnorm_as_layernorm(fn)  fn(x) -> x' such that RMSNorm(x') == LayerNorm(x) (no bias)
+    check_depth_gradient_ratio(fn)  fn(placement, L_small, L_large) -> Xiong et al.'s last-layer gradient ratio
+Lesson 04:
+    check_gqa_from_mha(fn)          fn(w (H*D, d), n_heads, n_kv_heads) -> (H_kv*D, d), heads mean-pooled per group
+    check_decode_speedup(fn)        fn(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads) -> memory-bound speed-up
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +48,14 @@ __all__ = [
     "check_gqa_attention",
     "check_kv_cache_bytes",
     "check_flops_per_token",
+    "check_sinusoid_wavelength",
+    "check_rope_relative",
+    "check_rope_interpolation",
+    "check_glu_width",
+    "check_rmsnorm_as_layernorm",
+    "check_depth_gradient_ratio",
+    "check_gqa_from_mha",
+    "check_decode_speedup",
 ]
 
 # float32 results of the same formula computed in another order agree to ~1e-6; 1e-5 leaves room
@@ -148,4 +170,106 @@ def check_flops_per_token(fn) -> CheckResult:
     for n, layers, T, d in ((1_000, 2, 16, 8), (85_000_000, 12, 1024, 768), (175e9, 96, 2048, 12288)):
         expected = float(6 * n + 12 * layers * T * d)
         g.compare(f"N={n:g}, {layers} layers, T={T}, d={d}", g.call(fn, n, layers, T, d), expected, rtol=1e-9)
+    return g.result()
+
+
+# -- lesson 02 ---------------------------------------------------------------------------------------
+def check_sinusoid_wavelength(fn) -> CheckResult:
+    """Channels 2i and 2i+1 of the table repeat every 2*pi*base^(2i/d) positions."""
+    g = Grader("check_sinusoid_wavelength")
+    for i, d, base in ((0, 64, 10000.0), (1, 64, 10000.0), (16, 64, 10000.0), (31, 64, 10000.0), (3, 8, 100.0)):
+        expected = 2 * math.pi * base ** (2 * i / d)
+        got = g.call(fn, i, d, base)
+        if isinstance(got, (int, float)) and math.isclose(got, expected / (2 * math.pi), rel_tol=1e-6):
+            g.expect(f"pair {i}, d_model={d}", False, "that is 1 / frequency: a full period of sin is 2*pi radians")
+        g.compare(f"channel pair {i}, d_model={d}, base={base}", got, expected, rtol=1e-6)  # float64 formula
+    return g.result()
+
+
+def _rope_at(x: torch.Tensor, position: int, base: float) -> torch.Tensor:  # (D,) rotated to `position`
+    cos, sin = rope_cos_sin(torch.tensor([position]), x.shape[-1], base)
+    return apply_rope(x[None, None, None], cos, sin)[0, 0, 0]
+
+
+def check_rope_relative(fn) -> CheckResult:
+    """``fn(q, k, offset, base)``: the score of q at any p with k at p - offset, computed from the offset only."""
+    g = Grader("check_rope_relative")
+    for D, offset, base in ((4, 3, 10000.0), (16, 1, 10000.0), (16, 40, 100.0), (32, -5, 10000.0)):
+        q, k = torch.randn(D, generator=_gen(D)), torch.randn(D, generator=_gen(D + 1))
+        got = g.call(fn, q.clone(), k.clone(), offset, base)
+        for p in (abs(offset), abs(offset) + 97):  # the same answer must hold wherever the pair sits
+            expected = (_rope_at(q, p, base) * _rope_at(k, p - offset, base)).sum()
+            # fp32 sums of D products of O(1) values: ~1e-6; 1e-4 relative leaves room for another order
+            g.compare(f"D={D}, offset={offset}, base={base}, query at {p}", got, expected.item(), rtol=1e-4, atol=1e-4)
+    return g.result()
+
+
+def check_rope_interpolation(fn) -> CheckResult:
+    """Position interpolation (Chen et al. 2023): positions squeezed by train_len / target_len, base unchanged."""
+    g = Grader("check_rope_interpolation")
+    for T, D, train_len, target_len in ((8, 4, 4, 8), (64, 16, 16, 64), (10, 8, 128, 128)):
+        pos = torch.arange(T)
+        expected = rope_cos_sin(pos.float() * (train_len / target_len), D)
+        case = f"{T} positions, head_dim={D}, trained at {train_len}, used at {target_len}"
+        g.compare(case, g.call(fn, pos, D, train_len, target_len), expected, atol=TOL)
+    return g.result()
+
+
+# -- lesson 03 ---------------------------------------------------------------------------------------
+def check_glu_width(fn) -> CheckResult:
+    """``fn(d_ff)``: the integer width h whose 3 matrices hold the parameters of 2 matrices of width d_ff."""
+    g = Grader("check_glu_width")
+    for d_ff in (3, 256, 1024, 3072, 11008 * 3 // 2):
+        # 3 d h against 2 d d_ff parameters: the nearest integer to 2 d_ff / 3 (never a tie)
+        g.compare(f"d_ff = {d_ff}", g.call(fn, d_ff), round(2 * d_ff / 3))
+    return g.result()
+
+
+def check_rmsnorm_as_layernorm(fn) -> CheckResult:
+    """``fn(x)`` returns x' with RMSNorm(x') equal to LayerNorm(x), same gain, no bias."""
+    g = Grader("check_rmsnorm_as_layernorm")
+    for shape in ((2, 8), (3, 5, 32)):
+        x = torch.randn(*shape, generator=_gen(5)) * 2 + 3  # a large mean: centring matters
+        rms, ln = RMSNorm(shape[-1], eps=1e-5), LayerNorm(shape[-1], eps=1e-5, bias=False)
+        ln.weight.data = rms.weight.data = torch.randn(shape[-1], generator=_gen(6))
+        got = g.call(fn, x.clone())
+        if isinstance(got, torch.Tensor) and got.shape == x.shape:
+            got = rms(got).detach()
+        g.compare(f"x of shape {shape}: RMSNorm(fn(x)) vs LayerNorm(x)", got, ln(x).detach(), atol=TOL)
+    return g.result()
+
+
+def check_depth_gradient_ratio(fn) -> CheckResult:
+    """Xiong et al. (2020), theorem 1: pre-LN's gradients scale like 1/sqrt(L), post-LN's last layer's not."""
+    g = Grader("check_depth_gradient_ratio")
+    for placement, small, large in (("pre", 6, 24), ("post", 6, 24), ("pre", 2, 50), ("post", 12, 48)):
+        expected = math.sqrt(large / small) if placement == "pre" else 1.0
+        case = f"{placement}-LN, ||grad|| at {small} layers / at {large} layers"
+        g.compare(case, g.call(fn, placement, small, large), expected, rtol=1e-6)
+    return g.result()
+
+
+# -- lesson 04 ---------------------------------------------------------------------------------------
+def check_gqa_from_mha(fn) -> CheckResult:
+    """Ainslie et al. (2023), sec. 2.1: mean-pool the heads of each group; group j serves query heads j*g..j*g+g-1."""
+    g = Grader("check_gqa_from_mha")
+    for H, H_kv, D, d in ((4, 2, 3, 8), (8, 1, 2, 4), (6, 3, 4, 5), (4, 4, 2, 3)):
+        w = torch.randn(H * D, d, generator=_gen(H * D))
+        expected = w.view(H_kv, H // H_kv, D, d).mean(1).reshape(H_kv * D, d)  # consecutive heads, as repeat_kv
+        g.compare(f"{H} heads of {D} -> {H_kv} key/value heads", g.call(fn, w.clone(), H, H_kv), expected, atol=TOL)
+    return g.result()
+
+
+def check_decode_speedup(fn) -> CheckResult:
+    """A memory-bound decoding step reads every weight and the whole cache: time ~ bytes read."""
+    g = Grader("check_decode_speedup")
+    cases = [
+        (140e9, 2 * 80 * 64 * 128 * 4096 * 2, 64, 8),  # Llama-2 70B shape, one 4096-token sequence
+        (140e9, 2 * 80 * 64 * 128 * 4096 * 2 * 64, 64, 1),  # 64 such sequences, MQA
+        (1e9, 1e6, 16, 16),  # MHA against itself
+    ]
+    for weights, cache, H, H_kv in cases:
+        expected = (weights + cache) / (weights + cache * H_kv / H)
+        case = f"weights {weights:.3g} B, MHA cache {cache:.3g} B, {H} heads -> {H_kv} KV heads"
+        g.compare(case, g.call(fn, weights, cache, H, H_kv), expected, rtol=1e-6)
     return g.result()

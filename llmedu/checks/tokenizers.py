@@ -4,6 +4,10 @@
     check_merge_pair(merge_pair)      merge_pair(ids, pair, new_id) -> ids: one BPE merge
     check_wordpiece(encode_word)      encode_word(word, vocab) -> pieces: greedy longest match, or ['[UNK]']
     check_viterbi(segment)            segment(word, scores) -> pieces: the most likely unigram segmentation
+    check_bpe_vs_wordpiece(corpus)    corpus() -> {word: count} on which BPE's first merge differs from
+                                      WordPiece's (a design question: build the case)
+    check_count_segmentations(count)  count(word, vocab) -> how many ways the word cuts into vocab pieces
+                                      (the lattice Viterbi searches, summed instead of maximised)
 
 Each compares your function with the reference in ``llmedu.tokenizers`` on a few cases chosen to
 catch the usual slips (overlapping pairs, a pair at the very end, a word with no match...).
@@ -27,6 +31,9 @@ __all__ = [
     "check_merge_pair",
     "check_wordpiece",
     "check_viterbi",
+    "check_bpe_vs_wordpiece",
+    "check_count_segmentations",
+    "first_merges",
     "hard_strings",
     "varied_text",
     "wordpiece_reference",
@@ -188,4 +195,68 @@ def check_viterbi(segment) -> object:
     for word in ["▁the", "▁there", "▁her", "▁tea", "▁three", "hehe", "▁", "a"]:
         expected = viterbi_reference(word, scores)
         g.compare(f"word={word!r}", g.call(segment, word, dict(scores)), expected)
+    return g.result()
+
+
+def first_merges(corpus: dict[str, int]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """The pairs BPE and WordPiece would merge first on ``corpus`` (characters as symbols; all ties).
+
+    BPE: the largest count(ab). WordPiece: the largest count(ab) * log(count(ab) N / (count(a) count(b))),
+    the likelihood gain of the lesson (``llmedu.tokenizers.wordpiece.likelihood_gain``).
+    """
+    pairs: Counter[tuple[str, str]] = Counter()
+    symbols: Counter[str] = Counter()
+    for word, n in corpus.items():
+        symbols.update({c: n * k for c, k in Counter(word).items()})
+        for pair in zip(word, word[1:]):
+            pairs[pair] += n
+    if not pairs:
+        return set(), set()
+    total = sum(symbols.values())
+    gain = {p: n * math.log(n * total / (symbols[p[0]] * symbols[p[1]])) for p, n in pairs.items()}
+    top_count, top_gain = max(pairs.values()), max(gain.values())
+    bpe = {p for p, n in pairs.items() if n == top_count}
+    wordpiece = {p for p, v in gain.items() if math.isclose(v, top_gain, rel_tol=1e-12)}
+    return bpe, wordpiece
+
+
+def check_bpe_vs_wordpiece(corpus) -> object:
+    """``corpus()`` returns {word: count}; BPE's first merge (every tied one) must differ from WordPiece's."""
+    g = Grader("check_bpe_vs_wordpiece")
+    got = g.call(corpus)
+    if g.failure is None:
+        ok = isinstance(got, dict) and all(isinstance(w, str) and isinstance(n, int) and n > 0 for w, n in got.items())
+        g.expect("the corpus", ok, f"expected a dict {{word: positive int count}}, got {got!r:.80}")
+    if g.failure is None:
+        bpe, wordpiece = first_merges(got)
+        g.expect("the corpus has a pair of adjacent characters", bool(bpe), "no word has two characters")
+        both = sorted(bpe & wordpiece)
+        g.expect(
+            "first merges",
+            not both,
+            f"both merge {both[0] if both else ''} first; BPE picks the most frequent pair, WordPiece the "
+            "pair whose parts are rarely seen apart",
+        )
+    return g.result()
+
+
+def _segmentations(word: str, vocab: set[str]) -> int:
+    ways = [1] + [0] * len(word)  # ways[i]: cuts of word[:i]
+    for end in range(1, len(word) + 1):
+        ways[end] = sum(ways[start] for start in range(end) if word[start:end] in vocab)
+    return ways[-1]
+
+
+def check_count_segmentations(count) -> object:
+    """``count(word, vocab)``: the number of ways to cut ``word`` into pieces that are all in ``vocab``."""
+    g = Grader("check_count_segmentations")
+    cases = [
+        ("abc", {"a", "b", "c", "ab", "bc", "abc"}),
+        ("aaaa", {"a", "aa"}),
+        ("xyz", {"x", "y"}),
+        ("unable", {"u", "n", "a", "b", "l", "e", "un", "able", "ab", "le", "unable", "na"}),
+        ("a" * 30, {"a", "aa", "aaa"}),  # ~5e7 ways: enumerating them is not an option
+    ]
+    for word, vocab in cases:
+        g.compare(f"word={word!r}", g.call(count, word, set(vocab)), _segmentations(word, vocab))
     return g.result()

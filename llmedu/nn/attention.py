@@ -129,16 +129,20 @@ def math_attention(q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> tor
 def sdpa_attention(q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
     """PyTorch's fused attention (flash / memory-efficient kernels where the device has them)."""
     n_heads, t_q, t_k = q.shape[1], q.shape[2], k.shape[2]
-    k, v = repeat_kv(k, n_heads), repeat_kv(v, n_heads)  # (B, H, Tk, D)
+    if n_heads % k.shape[1]:
+        raise ValueError(f"{k.shape[1]} key/value heads do not divide {n_heads} query heads")
+    # enable_gqa: each key/value head is read where it is stored, not copied H / H_kv times first; a
+    # decoding step of GQA/MQA then reads H / H_kv times fewer cache bytes (lesson 04 measures it)
+    gqa = {"enable_gqa": True} if k.shape[1] != n_heads else {}
     if causal and attn_mask is None and t_q == t_k:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
     if causal:  # SDPA's own is_causal is aligned top-left; build the bottom-right mask ourselves
         allowed = causal_mask(t_q, t_k, q.device)
         base = attn_mask if attn_mask is not None else torch.zeros((), dtype=q.dtype, device=q.device)
         attn_mask = base.masked_fill(~allowed, torch.finfo(q.dtype).min)
     if attn_mask is not None:  # SDPA wants the mask in q's dtype; fp16 cannot hold fp32's most negative float
         attn_mask = attn_mask.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **gqa)
 
 
 # -- the size of a KV cache (the cache itself is in kv_cache.py) -----------------------------------------
