@@ -58,6 +58,14 @@ def test_readme_links_every_notebook(notebook):
     assert f"notebooks/{notebook}" in (ROOT / "README.md").read_text()
 
 
+@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+def test_every_lesson_says_its_mode_first(notebook):
+    """A reader who opens a lesson learns at once whether it runs small or full and how to switch (#18)."""
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+    first = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+    assert "runtime.mode_banner()" in first, f"{notebook}: the first code cell must print runtime.mode_banner()"
+
+
 def _requirement_name(requirement: str) -> str:
     """'transformers>=4.46' -> 'transformers', normalised as PyPI compares names."""
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
