@@ -13,11 +13,15 @@ The library is the curriculum: each folder is one arc of the course, each file o
     optim        AdamW from scratch, and 8-bit AdamW (block-wise quantized moments)
     train        the trainer (budget, accumulation, precision, clipping, schedules, checkpoints), loss
                  scaling and master weights, simulated fp8, activation recomputation
-    parallel     many processes: launch, collectives from send/recv, data/tensor/pipeline parallelism,
-                 the DP x TP x PP mesh, ZeRO-1/2/3, ZeRO-Offload, per-rank event logs
+    parallel     many processes: launch, collectives from send/recv, data/tensor/pipeline parallelism
+                 (interleaved, zero-bubble), sequence and context parallelism, expert parallelism, the
+                 DP x TP x PP mesh, ZeRO-1/2/3, ZeRO-Offload, a layout planner, per-rank event logs
     kernels      FlashAttention-2 written out tile by tile (forward and backward)
     inference    serving: a paged KV cache (block tables, copy-on-write), continuous batching, cache waste
     peft         prompt and prefix tuning, adapters, LLaMA-Adapter, LoRA, on our models and transformers'
+    compress     int8, LLM.int8, SmoothQuant, NF4, GPTQ, QLoRA; distillation; pruning
+    retrieval    vector indexes from scratch (exact, IVF, PQ; checked against FAISS), kNN-LM, in-context
+                 retrieval, knowledge updates without retraining
     cramming     the capstone: a BERT pretrained under a wall-clock budget, then fine-tuned (Cramming)
     viz          live plots for training loops (a static figure when headless); per-rank timelines
     checks       graders for the exercises: check_x(your_function) says pass or fail, and why

@@ -1,0 +1,228 @@
+"""One table for lesson 20: every compression method applied to the same fine-tuned model, measured alike.
+
+Each row is a model made from the fine-tuned base (``finetuned.py``) and measured three ways:
+
+* **bytes on disk**: the length of its state dict written as one safetensors file. torch.ao's
+  quantized modules keep their weights in packed C++ objects that safetensors cannot hold; for those
+  the bytes of ``torch.save`` are reported instead (the row says so).
+* **CPU latency per batch**: one fixed batch, a warm-up call, then the median (and minimum) of
+  ``repeats`` timed forward passes under ``torch.no_grad``, at the thread count the caller set.
+* **accuracy** on the validation split.
+
+The builders: ``to_bf16``, ``int8_embeddings`` (the word-embedding table as int8 rows with an fp32
+scale each: half of MiniLM's parameters are that table, and a model quantized only in its linear
+layers keeps two thirds of its bytes), ``torch_ao_int8`` (``torch.ao.quantization.quantize_dynamic``,
+torch's own int8 kernels), ``nf4_linears`` (the NF4 of ``qlora.py``, double-quantized, block 64), ``magnitude_pruned``, ``nm_pruned``, ``heads_pruned`` (really removed),
+``student`` (distilled or on labels alone), and ``finetune`` (the same few steps for every
+"+ fine-tuning" row, masks re-applied after each step).
+
+Left out: GPU latency, and sparse storage formats (a pruned matrix is stored dense: same bytes).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import pruning
+from .distillation import DistillationLoss, make_student
+from .finetuned import Batches, accuracy, classification_loss
+
+__all__ = [
+    "Row",
+    "file_bytes",
+    "latency",
+    "measure",
+    "to_bf16",
+    "Int8Embedding",
+    "int8_embeddings",
+    "nf4_linears",
+    "torch_ao_int8",
+    "finetune",
+    "magnitude_pruned",
+    "nm_pruned",
+    "heads_pruned",
+    "student",
+    "pareto_front",
+]
+
+
+@dataclass
+class Row:
+    method: str
+    detail: str  # bits or sparsity
+    bytes: int
+    latency_s: float  # median per batch
+    latency_min_s: float
+    accuracy: float
+    note: str = ""
+
+
+def file_bytes(model: nn.Module) -> tuple[int, str]:
+    """(bytes, format): safetensors when every state entry is a tensor, else torch.save."""
+    from safetensors.torch import save
+
+    state = model.state_dict()
+    if all(isinstance(v, torch.Tensor) and not v.is_quantized for v in state.values()):
+        return len(save({k: v.contiguous() for k, v in state.items()})), "safetensors"
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getbuffer().nbytes, "torch.save"
+
+
+@torch.no_grad()
+def latency(model: nn.Module, batch: dict, repeats: int = 7) -> tuple[float, float]:
+    """(median, min) seconds of one forward pass over ``batch``, after one warm-up pass."""
+    model.eval()
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times)
+
+
+def measure(method: str, detail: str, model: nn.Module, data: Batches, batch: dict, repeats: int = 7) -> Row:
+    size, fmt = file_bytes(model)
+    median, fastest = latency(model, batch, repeats)
+    return Row(method, detail, size, median, fastest, accuracy(model, data), "" if fmt == "safetensors" else fmt)
+
+
+def to_bf16(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
+class Int8Embedding(nn.Module):
+    """An embedding table stored as int8 rows, each with its fp32 scale (absmax / 127): a lookup
+    gathers the codes and scales of the ids and multiplies, so the table is never made fp32 whole."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        w = embedding.weight.detach()  # (V, d)
+        scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127  # (V, 1)
+        self.register_buffer("weight_q", torch.round(w / scale).to(torch.int8))  # (V, d)
+        self.register_buffer("scale", scale)
+        self.padding_idx = embedding.padding_idx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, d)
+        return self.weight_q[ids].float() * self.scale[ids]
+
+
+def int8_embeddings(model: nn.Module) -> nn.Module:
+    """``model`` (in place) with its word-embedding table stored as ``Int8Embedding``."""
+    model.bert.embeddings.word_embeddings = Int8Embedding(model.bert.embeddings.word_embeddings)
+    return model
+
+
+def nf4_linears(model: nn.Module, block_size: int = 64) -> nn.Module:
+    """A copy with every nn.Linear stored in NF4 with double quantization (``llmedu.compress.qlora.NF4Linear``,
+    computed in fp32: the weight is dequantized at each call, so NF4 saves bytes, not time, on a CPU)."""
+    from .qlora import NF4Linear
+
+    model = copy.deepcopy(model)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, NF4Linear(module, block_size, True, torch.float32))
+    return model.eval()
+
+
+def torch_ao_int8(model: nn.Module) -> nn.Module:
+    """torch's dynamic int8 quantization of every nn.Linear (fbgemm/oneDNN kernels on x86)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao announces its move to torchao
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+
+
+def finetune(model: nn.Module, data: Batches, steps: int, lr: float = 5e-5, keep: tuple | None = None) -> nn.Module:
+    """``steps`` of AdamW on the labels; ``keep = (weights, masks)`` re-applies pruning masks after each."""
+    from ..train.loop import TrainConfig, train
+
+    if steps:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        callbacks = [lambda info: pruning.apply_masks(*keep)] if keep else []
+        train(
+            model,
+            optimizer,
+            data.__getitem__,
+            classification_loss,
+            TrainConfig(max_steps=steps, progress=False),
+            callbacks=callbacks,
+        )
+    return model.eval()
+
+
+def magnitude_pruned(
+    model: nn.Module, ratio: float, scope: str = "global", data: Batches | None = None, steps: int = 0
+):
+    """A copy with the fraction ``ratio`` of its encoder's linear weights zeroed by magnitude."""
+    model = copy.deepcopy(model)
+    weights = pruning.linear_weights(model)
+    masks = pruning.magnitude_masks(weights, ratio, scope)
+    pruning.apply_masks(weights, masks)
+    return finetune(model, data, steps, keep=(weights, masks)) if steps else model.eval()
+
+
+def nm_pruned(model: nn.Module, n: int = 2, m: int = 4, data: Batches | None = None, steps: int = 0):
+    model = copy.deepcopy(model)
+    weights = pruning.linear_weights(model)
+    masks = pruning.nm_masks(weights, n, m)
+    pruning.apply_masks(weights, masks)
+    return finetune(model, data, steps, keep=(weights, masks)) if steps else model.eval()
+
+
+def heads_pruned(model: nn.Module, importance: torch.Tensor, ratio: float, data: Batches | None = None, steps: int = 0):
+    """A copy without the fraction ``ratio`` of least important heads (at least one kept per layer)."""
+    keep = pruning.heads_to_prune(importance, ratio)
+    for layer in range(keep.shape[0]):  # a layer that lost every head keeps its most important one
+        if not keep[layer].any():
+            keep[layer, importance[layer].argmax()] = True
+    model = copy.deepcopy(model)
+    pruning.remove_heads(model, keep)
+    return finetune(model, data, steps) if steps else model.eval()
+
+
+def student(
+    teacher: nn.Module,
+    data: Batches,
+    steps: int,
+    distill: bool,
+    lr: float = 1e-4,
+    T: float = 2.0,
+    callbacks=(),
+    **alphas,
+):
+    """A student of every other teacher layer, trained ``steps`` steps by distillation or on labels
+    (the same seed, data order and steps either way)."""
+    from ..train.loop import TrainConfig, train
+
+    torch.manual_seed(0)
+    model = make_student(teacher).train()
+    loss_fn = DistillationLoss(teacher, T=T, **alphas) if distill else classification_loss
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    config = TrainConfig(max_steps=steps, progress=False)
+    history = train(model, optimizer, data.__getitem__, loss_fn, config, callbacks=callbacks)
+    teacher.eval()
+    return model.eval(), history
+
+
+def pareto_front(rows: list[Row]) -> list[Row]:
+    """Rows that no other row beats on both size (smaller) and accuracy (higher)."""
+    return [
+        r
+        for r in rows
+        if not any(
+            o.bytes <= r.bytes and o.accuracy >= r.accuracy and (o.bytes, o.accuracy) != (r.bytes, r.accuracy)
+            for o in rows
+        )
+    ]

@@ -1,0 +1,157 @@
+"""The one model that lesson 20 compresses: all-MiniLM-L6-v2 fine-tuned on Rotten Tomatoes, made once.
+
+Every row of the compression table (quantized, distilled, pruned) starts from the same weights, so
+they are made by one short, seeded recipe (``Recipe``) and kept in the data cache as safetensors,
+under a name that holds the sha256 of the recipe: ``cache_dir()/compress/minilm-rt-<hash>.safetensors``.
+A changed recipe is a new file; an altered or truncated file fails its recorded checksum
+(``llmedu.data.cache.read_derived``) and is made again.
+
+Also here, because every method needs them: the tokenizer, the two splits encoded as padded batches
+(``Batches``), and ``accuracy``. The model is ``transformers``' ``BertForSequenceClassification`` (a
+new 2-way head on the pooled ``[CLS]`` state), the same one lesson 17 fine-tunes.
+
+Left out: a learning-rate search (the rate is lesson 17's full fine-tuning rate) and evaluation during
+training. Re-running a recipe on other hardware gives weights equal to a float tolerance, not bitwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from ..data import load_classification, reference_files
+from ..data.cache import cache_dir, read_derived, write_derived
+
+__all__ = [
+    "Recipe",
+    "Batches",
+    "tokenizer",
+    "rotten_tomatoes",
+    "new_classifier",
+    "finetuned_classifier",
+    "accuracy",
+    "state_bytes",
+]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    steps: int = 360  # optimizer steps (360 x 32 = one pass over the 11.5k training snippets)
+    batch_size: int = 32
+    max_len: int = 64  # tokens; a batch is padded to its longest snippet, at most this
+    lr: float = 5e-5  # AdamW, constant (lesson 17's full fine-tuning rate)
+    seed: int = 0
+
+    def key(self) -> str:
+        """The first 12 hex digits of the sha256 of the recipe: the cache file's name."""
+        text = json.dumps({"model": "all-minilm-l6-v2", **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def tokenizer():
+    """bert-base-uncased's WordPiece tokenizer, as all-MiniLM-L6-v2 ships it (read offline)."""
+    from transformers import BertTokenizerFast
+
+    tok = BertTokenizerFast.from_pretrained(reference_files("all-minilm-l6-v2")["config.json"].parent)
+    assert tok("Hello world")["input_ids"] == [101, 7592, 2088, 102], "the tokenizer did not load its vocabulary"
+    return tok
+
+
+class Batches:
+    """One split of Rotten Tomatoes, shuffled once by ``seed``; ``batches[i]`` is the i-th padded batch
+    (wrapping round), a dict of ``input_ids``/``attention_mask`` (B, T) and ``labels`` (B,)."""
+
+    def __init__(self, texts: list[str], labels: list[int], batch_size: int, max_len: int, seed: int = 0):
+        if batch_size < 1 or max_len < 2:
+            raise ValueError(f"batch_size must be >= 1 and max_len >= 2, got {batch_size} and {max_len}")
+        order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+        self.texts = [texts[i] for i in order]  # the file is sorted by movie: shuffle
+        self.labels = [labels[i] for i in order]
+        self.batch_size, self.max_len = batch_size, max_len
+        self._tok = tokenizer()
+
+    def __len__(self) -> int:  # batches in one pass
+        return -(-len(self.texts) // self.batch_size)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        start = (i % len(self)) * self.batch_size
+        texts, labels = self.texts[start : start + self.batch_size], self.labels[start : start + self.batch_size]
+        enc = self._tok(texts, padding=True, truncation=True, max_length=self.max_len, return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": torch.tensor(labels)}
+
+
+def rotten_tomatoes(split: str, batch_size: int, max_len: int = 64, limit: int | None = None, seed: int = 0):
+    """``Batches`` of a split ("train" or "validation"), its first ``limit`` snippets after shuffling."""
+    texts, labels = load_classification("rotten_tomatoes", split)
+    data = Batches(texts, labels, batch_size, max_len, seed)
+    if limit is not None:
+        data.texts, data.labels = data.texts[:limit], data.labels[:limit]
+    return data
+
+
+def new_classifier(num_hidden_layers: int = 6):
+    """all-MiniLM-L6-v2 with a fresh 2-way head (seeded by the caller), optionally cut to its first layers."""
+    import transformers
+    from transformers import BertForSequenceClassification
+
+    transformers.logging.set_verbosity_error()  # the loading report would list the head we add
+    transformers.utils.logging.disable_progress_bar()
+    model = BertForSequenceClassification.from_pretrained(
+        reference_files("all-minilm-l6-v2")["config.json"].parent, num_labels=2, num_hidden_layers=num_hidden_layers
+    )
+    model.config.problem_type = "single_label_classification"
+    return model
+
+
+def classification_loss(model, batch) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, 2)
+    return torch.nn.functional.cross_entropy(logits, batch["labels"])
+
+
+def finetuned_classifier(recipe: Recipe = Recipe(), verbose: bool = True):
+    """The fine-tuned model of ``recipe``, in eval mode: from the cache, or trained now and cached."""
+    from ..train.loop import TrainConfig, train
+
+    path = cache_dir() / "compress" / f"minilm-rt-{recipe.key()}.safetensors"
+    torch.manual_seed(recipe.seed)
+    model = new_classifier()
+    cached = read_derived(path)
+    if cached is not None:
+        model.load_state_dict(load_safetensors(cached))
+        return model.eval()
+    if verbose:
+        print(
+            f"fine-tuning all-MiniLM-L6-v2 on Rotten Tomatoes ({recipe.steps} steps); cached as compress/{path.name} in the data cache",
+            flush=True,
+        )
+    data = rotten_tomatoes("train", recipe.batch_size, recipe.max_len, seed=recipe.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
+    train(model, optimizer, data.__getitem__, classification_loss, TrainConfig(max_steps=recipe.steps, progress=False))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    write_derived(path, save_safetensors(state))
+    return model.eval()
+
+
+@torch.no_grad()
+def accuracy(model, data: Batches) -> float:
+    """Fraction of ``data``'s snippets whose argmax logit is the label (one pass, eval mode)."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for i in range(len(data)):
+        b = data[i]
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits  # (B, 2)
+        correct += (logits.argmax(-1) == b["labels"]).sum().item()
+    model.train(was_training)
+    return correct / len(data.texts)
+
+
+def state_bytes(model) -> int:
+    """Bytes of ``model``'s state dict as one safetensors file (what ``save_file`` would write)."""
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    return len(save_safetensors(state))

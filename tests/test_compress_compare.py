@@ -1,0 +1,68 @@
+"""The measurement helpers of lesson 20's table: bytes, the int8 embedding, pruned copies, the Pareto front."""
+
+import copy
+
+import torch
+from safetensors.torch import save
+
+from llmedu.compress import compare
+from llmedu.compress.pruning import is_nm_sparse, linear_weights, sparsity
+
+IDS = torch.randint(1, 64, (3, 7), generator=torch.Generator().manual_seed(0))
+
+
+def test_int8_embedding_is_within_half_a_step_of_each_row(tiny_bert):
+    table = tiny_bert.bert.embeddings.word_embeddings
+    q = compare.Int8Embedding(table)
+    step = table.weight.abs().amax(dim=1) / 127  # (V,)
+    error = (q(IDS) - table(IDS)).abs()  # (B, T, d)
+    assert (error <= step[IDS][..., None] / 2 + 1e-7).all()  # rounding: half a step, plus fp32 slack
+    assert q.weight_q.dtype == torch.int8
+
+
+def test_file_bytes_is_the_safetensors_length_or_torch_save(tiny_bert):
+    size, fmt = compare.file_bytes(tiny_bert)
+    assert fmt == "safetensors" and size == len(save({k: v.contiguous() for k, v in tiny_bert.state_dict().items()}))
+    assert compare.file_bytes(compare.to_bf16(tiny_bert))[0] < 0.55 * size  # 2 bytes a number plus the header
+    _, fmt = compare.file_bytes(compare.torch_ao_int8(tiny_bert))
+    assert fmt == "torch.save"  # packed weights are not tensors
+
+
+def test_pruned_copies_leave_the_base_alone(tiny_bert):
+    before = copy.deepcopy(tiny_bert.state_dict())
+    nm = compare.nm_pruned(tiny_bert)
+    assert all(is_nm_sparse(w) for w in linear_weights(nm).values())
+    n = sum(w.numel() for w in linear_weights(tiny_bert).values())
+    assert sparsity(linear_weights(compare.magnitude_pruned(tiny_bert, 0.3))) == round(0.3 * n) / n
+    heads = compare.heads_pruned(tiny_bert, torch.tensor([[1.0, 2, 3, 4], [9, 9, 9, 9]]), 0.5)  # layer 0 loses all 4
+    assert heads.bert.encoder.layer[0].attention.self.query.out_features == 8  # one head of 8 kept
+    assert all(torch.equal(v, before[k]) for k, v in tiny_bert.state_dict().items())
+
+
+def test_pareto_front():
+    rows = [compare.Row(m, "", b, 0, 0, a) for m, b, a in [("a", 10, 0.9), ("b", 5, 0.8), ("c", 6, 0.7), ("d", 1, 0.5)]]
+    assert [r.method for r in compare.pareto_front(rows)] == ["a", "b", "d"]
+
+
+def test_bag_of_words_gradient_matches_autograd_and_separates_easy_text():
+    from llmedu.compress.baselines import BagOfWords, majority_accuracy
+
+    texts = ["good fun film", "good and warm", "bad dull film", "dull and bad", "good good", "bad bad"]
+    labels = [1, 1, 0, 0, 1, 0]
+    bow = BagOfWords(min_count=1, l2=1e-3, steps=50).fit(texts, labels)
+    assert bow.predict(["a good film", "a dull film"]).tolist() == [1, 0]
+    x = bow.features(texts).to_dense()  # (6, V)
+    w, b = bow.weight.detach().clone().requires_grad_(), bow.bias.detach().clone().requires_grad_()
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, torch.tensor(labels).float())
+    (loss + 1e-3 * w.pow(2).sum()).backward()
+    assert w.grad.abs().max() < 1e-4  # L-BFGS reached the optimum of the same objective (fp32)
+    assert majority_accuracy([1, 1, 0], [0, 1, 1, 1]) == 0.75
+
+
+def test_nf4_copy_is_close_and_smaller(tiny_bert):
+    nf4 = compare.nf4_linears(tiny_bert)
+    with torch.no_grad():
+        a, b = nf4.bert(input_ids=IDS).last_hidden_state, tiny_bert.bert(input_ids=IDS).last_hidden_state
+    relative = (a - b).norm() / b.norm()  # LayerNorm outputs, O(1)
+    assert 0 < relative < 0.2  # 4 bits with 16 levels per block: about 10% per weight, not exact
+    assert compare.file_bytes(nf4)[0] < compare.file_bytes(tiny_bert)[0]
