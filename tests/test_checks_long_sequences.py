@@ -1,5 +1,6 @@
 """The graders of lesson 18 (llmedu.checks.long_sequences) pass our answers and fail plausible wrong ones."""
 
+import numpy as np
 import torch
 
 from llmedu.checks.long_sequences import (
@@ -21,6 +22,10 @@ def test_sp_activation_bytes():
 
 def test_zigzag_chunks():
     assert check_zigzag_chunks(lambda r, n: chunk_ids(r, n, "zigzag"))
+    # the same right answer as an array, a tensor or a tuple is still right
+    assert check_zigzag_chunks(lambda r, n: np.array([r, 2 * n - 1 - r]))
+    assert check_zigzag_chunks(lambda r, n: torch.tensor([r, 2 * n - 1 - r]))
+    assert check_zigzag_chunks(lambda r, n: (r, 2 * n - 1 - r))
     assert not check_zigzag_chunks(lambda r, n: [2 * r, 2 * r + 1])  # contiguous pairs: unbalanced
     assert not check_zigzag_chunks(lambda r, n: [r, 2 * n - r])  # off by one at the far end
 

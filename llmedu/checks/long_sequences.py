@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..parallel.context_parallel import ring_bytes_sent
@@ -42,7 +43,7 @@ def check_zigzag_chunks(fn) -> CheckResult:
             got = g.call(fn, rank, world)
             g.compare(
                 f"rank {rank} of {world}",
-                list(got) if isinstance(got, (list, tuple)) else got,
+                [int(i) for i in got] if isinstance(got, (list, tuple, range, np.ndarray, torch.Tensor)) else got,
                 chunk_ids(rank, world, "zigzag"),
             )
     return g.result()

@@ -13,7 +13,7 @@ g all-gathers the normed tokens once for Q, K and V: ``_GatherQKV`` multiplies t
 by this rank's rows of W_Q, W_K and W_V in one matmul. With ``store_shard=True`` it keeps its input
 *shard* and the three weights (not a concatenated copy) for backward and all-gathers the input again
 there, as the MLP's first layer does (sec. 4.2.2, last paragraph); then every activation the paper
-lists for the attention half, 11sbh + 5as^2b (its eq. 1), is divided by t (its table 2, the row for
+lists for the attention half, 11sbh + 5as^2b (its sec. 4.1), is divided by t (its table 2, the row for
 tensor + sequence parallelism). Ours materialises the scores only if ``attn_impl`` does (``math``); ``sdpa`` keeps O(T).
 
 ``SequenceParallelBlock`` is a whole ``SerialBlock`` (pre-LN, our course's GPT block) under SP: the
@@ -169,8 +169,9 @@ def block_activation_bytes(
 
     ``one``: the plain block on one process; ``tp``: tensor parallelism (``ParallelAttention`` and
     ``ParallelMLP``, norms and dropouts on the whole sequence); ``sp``: sequence parallelism keeping
-    the shards. ``attn_impl="math"`` materialises the (B, H, T, T) scores and probabilities as the
-    paper's count assumes; ``"sdpa"`` (a fused kernel) saves O(T). Every rank of ``group`` must call it.
+    the shards. ``attn_impl="math"`` materialises the (B, H, T, T) probabilities (the fp32 softmax output
+    and a 16-bit copy, 6as^2b; the paper's 5as^2b assumes a dropout on them, which ours lacks);
+    ``"sdpa"`` (a fused kernel) saves O(T). Every rank of ``group`` must call it.
     """
     torch.manual_seed(0)
     block = SerialBlock(d_model, n_heads, 4 * d_model, attn_impl=attn_impl, dropout=dropout, fused=True).to(dtype)
