@@ -62,6 +62,14 @@ def test_check_router():
     # the softmax over the k chosen logits is the same as renormalising: a correct alternative
     assert check_router(lambda x, k: (x.topk(k, -1).indices, x.topk(k, -1).values.softmax(-1), _router(x, k)[2]))
     assert not check_router(lambda x, k: _router(x, k, renormalize=False))  # Switch's gates, not Mixtral's
+
+    def float32_counts(x, k):  # the lesson's minimal fix: bincount / (N k) in the default float32
+        experts, gates, _ = _router(x, k)
+        probs = x.softmax(-1)
+        f = torch.bincount(experts.flatten(), minlength=x.shape[-1]) / (x.shape[0] * k)  # float32
+        return experts, gates, x.shape[-1] * (f * probs.mean(0)).sum()
+
+    assert check_router(float32_counts)
     assert not check_router(lambda x, k: _router(x, k, per_token=True))  # f counted per token: k times larger
 
 

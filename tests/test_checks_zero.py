@@ -41,3 +41,4 @@ def test_offload_traffic_grader():
     assert check_offload_traffic(lambda n, w: (4 * math.ceil(n / w), 2 * math.ceil(n / w)))
     assert not check_offload_traffic(lambda n, w: (2 * math.ceil(n / w), 2 * math.ceil(n / w)))  # DeepSpeed's fp16 down
     assert not check_offload_traffic(lambda n, w: (4 * n, 2 * n))  # the whole model, not the shard
+    assert not check_offload_traffic(lambda n, w: (4 * n / w, 2 * n / w))  # forgets the padding to N equal shards

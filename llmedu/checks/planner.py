@@ -8,7 +8,8 @@ check_micro_batches_for_bubble(fn)
     (p - 1) / (v m) of at most ``target`` (relative to the ideal time, Narayanan et al. 2021)
 check_pick(fn)
     fn(scenario) -> a ``Layout`` for each of three stated clusters; it passes when the layout fits and
-    its predicted step time is within 10% of the planner's best, by the planner's own cost model
+    its predicted step time is within 10% of the planner's best layout without context parallelism
+    (whose cost the model underestimates at these sequence lengths: lesson 13 says why), by the model
 """
 
 from __future__ import annotations
@@ -67,11 +68,13 @@ def check_pick(fn) -> CheckResult:
             f"{layout} uses {layout.world}",
         ):
             continue
-        mine, best = evaluate(cfg, layout, c, batch), plan(cfg, c, batch, top=1)[0]
+        mine = evaluate(cfg, layout, c, batch)
+        best = plan(cfg, c, batch, top=1, where=lambda lay: lay.cp == 1)[0]
         g.expect(f"{name}: fits", mine.fits, f"{layout} needs {mine.memory_total / 2**30:.1f} GiB per GPU")
         g.expect(
             f"{name}: within 10% of the best predicted step",
             mine.time["total"] <= 1.1 * best.time["total"],
-            f"{layout}: {mine.time['total']:.2f} s; the planner's {best.layout}: {best.time['total']:.2f} s",
+            f"{layout}: {mine.time['total']:.2f} s; the planner's best without CP, {best.layout}: "
+            f"{best.time['total']:.2f} s",
         )
     return g.result()

@@ -20,7 +20,7 @@ __all__ = ["check_shard", "check_comm_volume", "check_lowest_stage", "check_offl
 
 # sizes that divide, that do not, smaller than the world, and 0 (a unit with no parameters)
 _SHARD_CASES = [(12, 4), (13, 4), (3, 4), (1, 1), (7_000_003, 8), (0, 2)]
-_VOLUME_CASES = [(1_000_000, 8), (7_000_000_000, 64), (124_439_808, 3), (10, 1)]
+_VOLUME_CASES = [(1_000_000, 8), (7_000_000_000, 64), (124_439_808, 3), (10, 1), (1_000_003, 8)]
 # (Ψ, GPUs, card): a small model, 7B and 13B and 70B on 40 and 80 GB cards, where each stage is the answer once
 _FIT_CASES = [
     (1_000_000_000, 8, 80e9),

@@ -29,7 +29,7 @@ class MoEConfig:
     so the FFN's parameters grow ``n_experts``-fold and its FLOPs per token ``top_k``-fold.
     ``Transformer.moe_loss()`` is ``aux_loss_coef * load-balancing loss + z_loss_coef * z-loss``,
     summed over the layers: Switch's 0.01 (Fedus et al. 2021, sec. 2.2) and ST-MoE's 0.001 (Zoph et
-    al. 2022, sec. 3.1). Mixtral: ``MoEConfig(8, 2, capacity_factor=None)``, with SwiGLU and no biases.
+    al. 2022, eq. 5's coefficient). Mixtral: ``MoEConfig(8, 2, capacity_factor=None)``, with SwiGLU and no biases.
     Switch: ``MoEConfig(E, 1, renormalize=False)``; a renormalised top-1 gate is always 1, and the router
     then learns from its auxiliary losses only.
     """

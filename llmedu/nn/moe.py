@@ -8,8 +8,9 @@ For one token x (d,), with the router's weight W_r (E, d):
     logits = W_r x                             (E,)
     p      = softmax(logits)                   (E,)
     S      = the k experts of largest p
-    g_e    = p_e / sum_{j in S} p_j, e in S    renormalize=True (Mixtral); False keeps g_e = p_e
-                                               (Shazeer 2017, and Switch, whose k = 1)
+    g_e    = p_e / sum_{j in S} p_j, e in S    renormalize=True (Mixtral; Shazeer 2017's softmax over
+                                               the k kept logits is the same); False keeps g_e = p_e
+                                               (Switch, whose k = 1: renormalised, its gate would be 1)
     y      = sum_{e in S} g_e * FFN_e(x)
 
 The gates g are differentiable, and are the router's only path to a gradient from the output.

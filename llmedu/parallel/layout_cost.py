@@ -15,7 +15,7 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
                    full recompute  2sbh (only each layer's input is kept)
                  the 5as/h term (the s x s scores) is gone with FlashAttention or selective recomputation;
                  s is the local sequence s/cp; a 1F1B first stage holds pp micro-batches in flight
-                 (interleaved: pp (1 + (pp-1)/(pp v)), Narayanan et al. 2021 §2.2.1)     (lessons 06, 08, 12)
+                 (interleaved: pp (1 + (pp-1)/(pp v)), Korthikanti et al. 2022 §4.2.3)   (lessons 06, 08, 12)
     logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage
 
 **Step time** = the pipeline's (m + (pp-1)/v) micro-batch slots (GPipe's bubble, lesson 12) of
@@ -32,8 +32,9 @@ does not hide, then the optimizer step:
                copies of b (s/cp) h values (lesson 19)
     PP         one send forward and one backward per micro-batch, of b (s/cp) h values
     DP         an all-reduce of the 16-bit gradients (ZeRO 1/2: reduce-scatter + all-gather, the same
-               bytes), hidden behind the last micro-batch's backward as far as it lasts; ZeRO-3 also
-               gathers the weights in every micro-batch's forward and backward (lesson 10, 14)
+               bytes), hidden behind the last micro-batch's backward as far as it lasts; ZeRO-3 only
+               reduce-scatters them (its weights stay sharded) and gathers the weights in every
+               micro-batch's forward and backward (lesson 10, 14)
     optimizer  32 bytes read and written per parameter of the shard, at HBM bandwidth; offloaded:
                16-bit gradients down and weights up over PCIe, and ~28 bytes per parameter through
                host memory for the CPU's Adam (ZeRO-Offload, Ren et al. 2021), not overlapped
@@ -216,7 +217,10 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
 
     held, shards = _held(cfg, layout), layout.dp * layout.cp
     dp_link = cluster.link(shards, stride=layout.tp)
-    sync = all_reduce_time(BF16 * held, shards, dp_link)[0]
+    if layout.zero >= 3:  # the gradients are reduce-scattered; nothing is gathered after the step
+        sync = collective_time("reduce_scatter", BF16 * held, shards, dp_link)
+    else:
+        sync = all_reduce_time(BF16 * held, shards, dp_link)[0]
     dp = max(0.0, sync - 2 / 3 * compute)  # hidden behind the last micro-batch's backward
     if layout.zero >= 3 and shards > 1:  # gather weights for forward and backward of every micro-batch
         gathers = 2 * collective_time("all_gather", BF16 * held, shards, dp_link)

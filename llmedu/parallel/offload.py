@@ -18,7 +18,7 @@ CUDA machine the host tensors are pinned CPU memory and the copies really cross 
 CPU-only machine "device" and "host" are the same RAM: the split is then a budget accounted from
 the tensors each side owns, which is what ``placement()`` reports, and what the lesson plots.
 
-Left out: the one-step delayed parameter update (DPU, §4.3) that overlaps the CPU step with the
+Left out: the one-step delayed parameter update (DPU) that overlaps the CPU step with the
 next step's GPU work; the SIMD CPU-Adam (we run ``torch.optim.AdamW`` on the CPU); NVMe offload
 (ZeRO-Infinity); offloading parameters (stage 3 offload). The production code is DeepSpeed's
 ``offload_optimizer`` with ``DeepSpeedCPUAdam``.

@@ -21,6 +21,8 @@ _REQUIRED = ("rank", "lane", "label", "start", "end")
 _COLOURS = {
     "forward": "#4C72B0",
     "backward": "#55A868",
+    "weight": "#64B5CD",  # a pipeline's weight-gradient pass (ZB-H1's W)
+    "recv": "#CCCCCC",  # waiting for a neighbour's activation or gradient
     "optimizer": "#8172B2",
     "all-reduce": "#DD8452",
     "gather": "#C44E52",
