@@ -75,6 +75,8 @@ def test_lesson02_graders():
 
 def test_lesson03_graders():
     assert checks.check_glu_width(lambda d_ff: round(2 * d_ff / 3))
+    assert checks.check_glu_width(lambda d_ff: 2 * d_ff // 3)  # rounded down, as the lesson's glu_hidden_size
+    assert not checks.check_glu_width(lambda d_ff: 2 * d_ff / 3)  # not an integer width
     assert not checks.check_glu_width(lambda d_ff: d_ff)  # three matrices of the old width: 1.5x the parameters
     assert not checks.check_glu_width(lambda d_ff: d_ff // 2)
     assert checks.check_rmsnorm_as_layernorm(lambda x: x - x.mean(-1, keepdim=True))

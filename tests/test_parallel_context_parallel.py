@@ -33,6 +33,7 @@ ATOL = 1e-5
 B, H, T, D = 1, 2, 32, 8
 CASES = [(causal, layout) for causal in (False, True) for layout in ("contiguous", "zigzag")]
 MEMORY_SEQ_LENS = (64, 128, 256)
+ODD_T = 40
 
 
 def _full_inputs(seq_len: int = T) -> list[torch.Tensor]:
@@ -40,9 +41,9 @@ def _full_inputs(seq_len: int = T) -> list[torch.Tensor]:
     return [torch.randn(B, H, seq_len, D, generator=g) for _ in range(4)]  # q, k, v, grad of the output
 
 
-def _errors(causal: bool, layout: str, rank: int, world: int) -> tuple[dict, tuple[int, int, int]]:
+def _errors(causal: bool, layout: str, rank: int, world: int, seq_len: int = T) -> tuple[dict, tuple[int, int, int]]:
     """Largest differences from SDPA on the full sequence, and the tiles counted (forward, backward, size)."""
-    q, k, v, grad = _full_inputs()
+    q, k, v, grad = _full_inputs(seq_len)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     ref = F.scaled_dot_product_attention(*full, is_causal=causal)
     ref.backward(grad)
@@ -94,6 +95,8 @@ def _worker() -> dict:
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {case: _errors(*case, rank, world) for case in CASES}
+    # 40 tokens: chunks of 10 (N = 2) or of 5 (N = 4, zig-zag): odd sizes, and blocks of unequal work
+    result["odd"] = {case: _errors(*case, rank, world, seq_len=ODD_T)[0] for case in CASES}
     result["sent"] = _forward_bytes_sent(rank, world)
     result["memory"] = {
         (layout, n): attention_peak_memory(split_sequence(torch.randn(B, H, n, D), rank, world, layout), True, layout)
@@ -115,6 +118,14 @@ def test_equals_sdpa_on_the_full_sequence(ranks):
         for (causal, layout), (errors, _) in ((case, result[case]) for case in CASES):
             for what, err in errors.items():
                 assert err < ATOL, f"N={world} rank {rank} causal={causal} {layout}: {what} differs by {err:.2e}"
+
+
+def test_equals_sdpa_when_chunks_have_odd_lengths(ranks):
+    world, results = ranks
+    for rank, result in enumerate(results):
+        for (causal, layout), errors in result["odd"].items():
+            for what, err in errors.items():
+                assert err < ATOL, f"T={ODD_T} N={world} rank {rank} causal={causal} {layout}: {what} off by {err:.2e}"
 
 
 def test_tiles_counted_match_the_schedule_and_zigzag_balances(ranks):

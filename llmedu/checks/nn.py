@@ -220,8 +220,14 @@ def check_glu_width(fn) -> CheckResult:
     """``fn(d_ff)``: the integer width h whose 3 matrices hold the parameters of 2 matrices of width d_ff."""
     g = Grader("check_glu_width")
     for d_ff in (3, 256, 1024, 3072, 11008 * 3 // 2):
-        # 3 d h against 2 d d_ff parameters: the nearest integer to 2 d_ff / 3 (never a tie)
-        g.compare(f"d_ff = {d_ff}", g.call(fn, d_ff), round(2 * d_ff / 3))
+        # 3 d h against 2 d d_ff parameters: 2 d_ff / 3, rounded down (as glu_hidden_size and Llama's int() do)
+        # or to the nearest integer; both keep the parameter count within one column of the plain FFN's
+        got, exact = g.call(fn, d_ff), 2 * d_ff / 3
+        g.expect(
+            f"d_ff = {d_ff}",
+            got in {math.floor(exact), round(exact)} and isinstance(got, int) and not isinstance(got, bool),
+            f"got {got!r}; expected 2 d_ff / 3 = {exact:g} as an integer ({math.floor(exact)} or {round(exact)})",
+        )
     return g.result()
 
 

@@ -198,25 +198,30 @@ def check_viterbi(segment) -> object:
     return g.result()
 
 
-def first_merges(corpus: dict[str, int]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
-    """The pairs BPE and WordPiece would merge first on ``corpus`` (characters as symbols; all ties).
+def first_merges(corpus: dict[str, int]) -> tuple[set[str], set[str]]:
+    """The strings BPE and WordPiece would merge first on ``corpus`` (every tie), "##" left out.
 
-    BPE: the largest count(ab). WordPiece: the largest count(ab) * log(count(ab) N / (count(a) count(b))),
-    the likelihood gain of the lesson (``llmedu.tokenizers.wordpiece.likelihood_gain``).
+    BPE: characters as symbols, the largest count(ab). WordPiece: a word's first character and its
+    "##" continuations as different symbols (as ``llmedu.tokenizers.wordpiece`` keeps them), the largest
+    count(ab) * log(count(ab) N / (count(a) count(b))), the likelihood gain of the lesson.
     """
+    bpe_pairs: Counter[tuple[str, str]] = Counter()
     pairs: Counter[tuple[str, str]] = Counter()
     symbols: Counter[str] = Counter()
     for word, n in corpus.items():
-        symbols.update({c: n * k for c, k in Counter(word).items()})
-        for pair in zip(word, word[1:]):
+        pieces = [word[0], *("##" + c for c in word[1:])] if word else []
+        symbols.update({s: n * k for s, k in Counter(pieces).items()})
+        for pair in zip(pieces, pieces[1:]):
             pairs[pair] += n
+        for pair in zip(word, word[1:]):
+            bpe_pairs[pair] += n
     if not pairs:
         return set(), set()
     total = sum(symbols.values())
     gain = {p: n * math.log(n * total / (symbols[p[0]] * symbols[p[1]])) for p, n in pairs.items()}
-    top_count, top_gain = max(pairs.values()), max(gain.values())
-    bpe = {p for p, n in pairs.items() if n == top_count}
-    wordpiece = {p for p, v in gain.items() if math.isclose(v, top_gain, rel_tol=1e-12)}
+    top_count, top_gain = max(bpe_pairs.values()), max(gain.values())
+    bpe = {a + b for (a, b), n in bpe_pairs.items() if n == top_count}
+    wordpiece = {(a + b).replace("##", "") for (a, b), v in gain.items() if math.isclose(v, top_gain, rel_tol=1e-12)}
     return bpe, wordpiece
 
 
