@@ -16,7 +16,7 @@ from llmedu.memory.estimate import activation_bytes_per_layer, zero_bytes_per_ra
 __all__ = ["check_zero_bytes", "check_attention_crossover"]
 
 # (Ψ, N): a round number, ZeRO's Figure 1 (7.5B on 64 GPUs), and a Ψ that N does not divide.
-_CASES = [(1_000_000, 8), (7_500_000_000, 64), (124_439_808, 3)]
+_CASES = [(1_000_000, 8), (7_500_000_000, 64), (124_439_808, 7)]  # 124,439,808 = 7 x 17,777,115 + 3
 
 
 def check_zero_bytes(fn) -> CheckResult:
