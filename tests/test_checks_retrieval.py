@@ -22,5 +22,6 @@ def test_knn_interpolation_grader():
 
 def test_ivf_search_cost_grader():
     assert check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + nprobe * n / nlist * d)
+    assert check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + nprobe * (n // nlist) * d)  # equal lists
     assert not check_ivf_search_cost(lambda n, d, nlist, nprobe: nprobe * n / nlist * d)  # forgets the coarse search
     assert not check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + n / nlist * d)  # one list only

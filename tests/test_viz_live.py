@@ -27,6 +27,8 @@ def test_records_aligned_series_with_gaps():
     assert mon.history["loss"][:2] == [2.0, 1.5] and math.isnan(mon.history["loss"][2])
     assert mon.history["memory"] == [{"params": 1.0, "grads": 0.0}, {}, {}]
     assert math.isnan(mon.history["lr"][0]) and mon.history["lr"][2] == 0.1
+    # the text line reports each series' last real value, not the padding of the steps it missed
+    assert "loss=1.5" in mon._summary() and "memory=1 (total)" in mon._summary() and "lr=0.1" in mon._summary()
 
 
 def test_figure_has_one_panel_per_metric_and_stacks_dicts():

@@ -2,8 +2,9 @@
 
 Dettmers, Lewis, Belkada & Zettlemoyer 2022, "LLM.int8(): 8-bit Matrix Multiplication for Transformers
 at Scale", Section 3. Transformers past a few billion parameters grow *outlier features*: a handful of
-hidden dimensions whose activations reach |x| >= 6 (often 20-60) in most layers and tokens. One such
-value sets a whole token's int8 step size, and the other 380-odd features of that token lose their
+hidden dimensions whose activations reach |x| >= 6 (often 20-60); the paper counts a feature as an
+outlier when that happens in at least 25% of the layers and 6% of the tokens. One such value sets a
+whole token's int8 step size, and the token's other features (383 in MiniLM's width of 384) lose their
 precision. The fix splits the inner dimension of ``X W^T`` (eq. 5 and 7):
 
     O = { j : any |X[:, j]| >= threshold }                   the outlier columns, found per call

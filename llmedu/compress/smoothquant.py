@@ -20,8 +20,9 @@ would change the model; the tests use a pre-LN block.)
 ``w8a8_linear`` is the quantized matmul used to measure the gain: per-tensor dynamic int8
 activations, per-channel int8 weights, an int8 x int8 -> int32 product.
 
-Left out: static activation scales from calibration, per-token activation scales (the paper's
-O1-O3 levels), and the migration into the previous linear layer.
+Left out: static activation scales from calibration (the paper's O3; its O2 is per-tensor dynamic, as
+ours, and its O1 per-token dynamic), per-tensor weight scales (all three levels use them; ours are per
+channel), and the migration into the previous linear layer.
 """
 
 from __future__ import annotations

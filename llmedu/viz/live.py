@@ -145,7 +145,8 @@ class LiveMonitor:
     def _summary(self) -> str:
         parts = [f"step {self.steps[-1]:g}"] if self.steps else ["no steps yet"]
         for name, series in self.history.items():
-            v = series[-1]
+            # the last real value: a series logged on other steps than its neighbours is padded (NaN, {})
+            v = next((x for x in reversed(series) if (x if isinstance(x, dict) else x == x)), series[-1])
             parts.append(f"{name}={sum(v.values()):.4g} (total)" if isinstance(v, dict) else f"{name}={v:.4g}")
         return f"LiveMonitor[{self.title or ''}] " + ", ".join(parts)
 
