@@ -20,6 +20,7 @@ from llmedu.inference import (
     gather_kv,
     paged_attention,
 )
+from llmedu.inference.paged_attention import paged_attention_blockwise
 from llmedu.models import CausalLM, TransformerConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: see conftest.py
@@ -84,12 +85,18 @@ def scattered_cache(lengths, n_kv, D, S, seed=0):
     return ks, vs, k_pool, v_pool, block_tables
 
 
+ATTENTIONS = [paged_attention, paged_attention_blockwise]  # gather + SDPA; block by block through the table
+
+
+# Tolerance 1e-6: the gathered version sums the same fp32 terms as SDPA; the block-by-block one sums them
+# in another order with a rescaling per block, a few ulps of outputs of size ~1.
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("Tq", [1, 3])
-def test_paged_attention_equals_contiguous_attention(Tq):
+def test_paged_attention_equals_contiguous_attention(Tq, attention):
     lengths, H, n_kv, D, S = [5, 17, 32, 9], 4, 2, 8, 4
     ks, vs, k_pool, v_pool, tables = scattered_cache(lengths, n_kv, D, S)
     q = torch.randn(len(lengths), H, Tq, D, generator=torch.Generator().manual_seed(1))
-    out = paged_attention(q, k_pool, v_pool, tables, torch.tensor(lengths))
+    out = attention(q, k_pool, v_pool, tables, torch.tensor(lengths))
     for b, L in enumerate(lengths):
         k, v = ks[b].repeat_interleave(H // n_kv, 0), vs[b].repeat_interleave(H // n_kv, 0)  # (H, L, D)
         visible = torch.arange(L)[None, :] <= torch.arange(L - Tq, L)[:, None]  # (Tq, L), bottom-right causal
@@ -97,14 +104,34 @@ def test_paged_attention_equals_contiguous_attention(Tq):
         torch.testing.assert_close(out[b], ref, atol=1e-6, rtol=0)
 
 
-def test_paged_attention_bad_input():
+def test_blockwise_equals_gathered_on_a_larger_batch():
+    lengths, H, n_kv, D, S = [1, 16, 33, 64, 7, 50], 8, 2, 16, 16  # lengths at and around block edges
+    _, _, k_pool, v_pool, tables = scattered_cache(lengths, n_kv, D, S, seed=3)
+    q = torch.randn(len(lengths), H, 1, D, generator=torch.Generator().manual_seed(4)) * 3  # peaked softmax
+    context = torch.tensor(lengths)
+    torch.testing.assert_close(
+        paged_attention_blockwise(q, k_pool, v_pool, tables, context),
+        paged_attention(q, k_pool, v_pool, tables, context),
+        atol=1e-6,
+        rtol=0,
+    )
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda f: f.__name__)
+def test_paged_attention_bad_input(attention):
     _, _, k_pool, v_pool, tables = scattered_cache([4, 6], 2, 8, 4)
     with pytest.raises(ValueError, match="heads of dim 16"):
-        paged_attention(torch.randn(2, 4, 1, 16), k_pool, v_pool, tables, torch.tensor([4, 6]))
+        attention(torch.randn(2, 4, 1, 16), k_pool, v_pool, tables, torch.tensor([4, 6]))
     with pytest.raises(ValueError, match="do not divide"):
-        paged_attention(torch.randn(2, 3, 1, 8), k_pool, v_pool, tables, torch.tensor([4, 6]))
+        attention(torch.randn(2, 3, 1, 8), k_pool, v_pool, tables, torch.tensor([4, 6]))
     with pytest.raises(ValueError, match="one block table and one length per sequence"):
-        paged_attention(torch.randn(2, 4, 1, 8), k_pool, v_pool, tables, torch.tensor([4]))
+        attention(torch.randn(2, 4, 1, 8), k_pool, v_pool, tables, torch.tensor([4]))
+    with pytest.raises(ValueError, match="every context must hold the 2 query tokens"):
+        attention(torch.randn(2, 4, 2, 8), k_pool, v_pool, tables, torch.tensor([1, 6]))
+    with pytest.raises(ValueError, match="does not fit in 2 blocks of 4"):
+        attention(torch.randn(2, 4, 1, 8), k_pool, v_pool, tables, torch.tensor([4, 9]))
+    with pytest.raises(ValueError, match="names block -1"):
+        attention(torch.randn(2, 4, 1, 8), k_pool, v_pool, tables.clone().fill_(-1), torch.tensor([4, 6]))
 
 
 # -- the paged cache: sharing, copy-on-write, errors ----------------------------------------------------------

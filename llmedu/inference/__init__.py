@@ -2,6 +2,7 @@
 
 block_allocator   BlockAllocator: a free list and reference counts over KV blocks (vLLM sec. 4)
 paged_attention   PagedKVCache (block tables, fork, copy-on-write), gather_kv, paged_attention,
+                  paged_attention_blockwise (K/V read block by block through the table),
                   PagedBatch (lets an unmodified model decode with the paged cache)
 batching          ContinuousBatcher: iteration-level scheduling of Requests over the paged cache
 kv_waste          used / reserved / fragmented slots: paged blocks vs contiguous reservations
@@ -9,7 +10,7 @@ kv_waste          used / reserved / fragmented slots: paged blocks vs contiguous
 
 from .batching import ContinuousBatcher, Request
 from .block_allocator import BlockAllocator, OutOfBlocks
-from .paged_attention import PagedBatch, PagedKVCache, gather_kv, paged_attention
+from .paged_attention import PagedBatch, PagedKVCache, gather_kv, paged_attention, paged_attention_blockwise
 
 __all__ = [
     "BlockAllocator",
@@ -20,4 +21,5 @@ __all__ = [
     "Request",
     "gather_kv",
     "paged_attention",
+    "paged_attention_blockwise",
 ]

@@ -8,9 +8,18 @@ fragmented. vLLM instead stores keys and values in a pool of blocks of ``block_s
     block table sequence -> [physical block of tokens 0..S-1, of tokens S..2S-1, ...]
 
 Token t of a sequence lives in block ``table[t // S]`` at offset ``t % S``. A sequence takes a new
-block only when its last one is full, so at most S - 1 slots per sequence are wasted. Attention
-gathers the keys and values through the table (the CUDA kernel reads the blocks in place; here
-``gather_kv`` copies them into a (B, H_kv, T, D) tensor, which is the readable equivalent).
+block only when its last one is full, so at most S - 1 slots per sequence are wasted.
+
+Reading K and V through the table, two ways:
+
+* ``paged_attention_blockwise`` does what vLLM's kernel does (sec. 4.1): a loop over a sequence's
+  blocks, each fetched from the pool through the table (one block per sequence at a time, as a GPU
+  kernel loads a block into on-chip memory) and folded into the output with the online softmax of
+  FlashAttention (lesson 15). The whole context is never assembled in one tensor.
+* ``gather_kv`` copies a batch's blocks into one contiguous (B, H_kv, T, D) tensor, and
+  ``paged_attention`` runs SDPA on that copy. ``PagedBatch.update`` does this for every layer at
+  every step, because our model's attention takes contiguous K and V from its cache: it costs a copy
+  of the whole context per layer and step, the traffic vLLM's kernel avoids. It is the simple oracle.
 
 Sharing: ``fork(parent, child)`` gives the child the parent's table and one more reference to each
 block, so n samples of one prompt store the prompt once. Copy-on-write: before a sequence appends
@@ -29,7 +38,7 @@ import torch.nn.functional as F
 
 from .block_allocator import BlockAllocator, OutOfBlocks
 
-__all__ = ["PagedKVCache", "PagedBatch", "gather_kv", "paged_attention"]
+__all__ = ["PagedKVCache", "PagedBatch", "gather_kv", "paged_attention", "paged_attention_blockwise"]
 
 
 def gather_kv(pool: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
@@ -50,6 +59,27 @@ def gather_kv(pool: torch.Tensor, block_tables: torch.Tensor, length: int) -> to
     return blocks.transpose(1, 2).reshape(B, n_kv, n_blocks * S, D)[:, :, :length]  # (B, H_kv, length, D)
 
 
+def _check_paged_args(q, key_pool, value_pool, block_tables, context_lens) -> None:
+    B, H, Tq, D = q.shape
+    if key_pool.shape != value_pool.shape or key_pool.dim() != 4 or key_pool.shape[-1] != D:
+        raise ValueError(f"pools {tuple(key_pool.shape)}, {tuple(value_pool.shape)} do not hold heads of dim {D}")
+    if H % key_pool.shape[1]:
+        raise ValueError(f"{key_pool.shape[1]} key/value heads do not divide {H} query heads")
+    if block_tables.shape[0] != B or context_lens.shape != (B,):
+        raise ValueError(
+            f"need one block table and one length per sequence: {B} queries, tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}"
+        )
+    if int(context_lens.min()) < Tq:
+        raise ValueError(f"every context must hold the {Tq} query tokens, got lengths {context_lens.tolist()}")
+    if int(context_lens.max()) > block_tables.shape[1] * key_pool.shape[2]:
+        raise ValueError(
+            f"a context of {int(context_lens.max())} tokens does not fit in {block_tables.shape[1]} blocks of {key_pool.shape[2]}"
+        )
+    if block_tables.numel() and (int(block_tables.min()) < 0 or int(block_tables.max()) >= key_pool.shape[0]):
+        bad = int(block_tables.min()) if int(block_tables.min()) < 0 else int(block_tables.max())
+        raise ValueError(f"block table names block {bad}; the pool has blocks 0 .. {key_pool.shape[0] - 1}")
+
+
 def paged_attention(
     q: torch.Tensor,
     key_pool: torch.Tensor,
@@ -64,22 +94,52 @@ def paged_attention(
     Sequence b's query i sits at position context_lens[b] - Tq + i and sees keys 0 .. that position.
     """
     B, H, Tq, D = q.shape
-    if key_pool.shape != value_pool.shape or key_pool.dim() != 4 or key_pool.shape[-1] != D:
-        raise ValueError(f"pools {tuple(key_pool.shape)}, {tuple(value_pool.shape)} do not hold heads of dim {D}")
-    if H % key_pool.shape[1]:
-        raise ValueError(f"{key_pool.shape[1]} key/value heads do not divide {H} query heads")
-    if block_tables.shape[0] != B or context_lens.shape != (B,):
-        raise ValueError(
-            f"need one block table and one length per sequence: {B} queries, tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}"
-        )
-    if int(context_lens.min()) < Tq:
-        raise ValueError(f"every context must hold the {Tq} query tokens, got lengths {context_lens.tolist()}")
+    _check_paged_args(q, key_pool, value_pool, block_tables, context_lens)
     T = int(context_lens.max())
     k = gather_kv(key_pool, block_tables, T).repeat_interleave(H // key_pool.shape[1], dim=1)  # (B, H, T, D)
     v = gather_kv(value_pool, block_tables, T).repeat_interleave(H // key_pool.shape[1], dim=1)
     position = context_lens[:, None] - Tq + torch.arange(Tq, device=q.device)  # (B, Tq) of each query
     visible = torch.arange(T, device=q.device)[None, None, :] <= position[:, :, None]  # (B, Tq, T)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None])  # (B, H, Tq, D)
+
+
+def paged_attention_blockwise(
+    q: torch.Tensor,
+    key_pool: torch.Tensor,
+    value_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
+    """``paged_attention``, reading K and V one block at a time through the tables, in place.
+
+    Step j reads block ``block_tables[b, j]`` of every sequence b (B blocks of (H_kv, S, D)) and folds
+    it into a running (max m, sum l, unnormalised output o) per query: the online softmax
+    (Milakov & Gimelshein 2018; FlashAttention-2, Alg. 1). vLLM's kernel runs the same loop with one
+    thread block per (sequence, head); here each step serves the whole batch. Arguments as in
+    ``paged_attention``; blocks past a sequence's length (table padding) are fully masked.
+    """
+    B, H, Tq, D = q.shape
+    _check_paged_args(q, key_pool, value_pool, block_tables, context_lens)
+    n_kv, S = key_pool.shape[1], key_pool.shape[2]
+    G, wide = H // n_kv, torch.promote_types(q.dtype, torch.float32)
+    qg = q.view(B, n_kv, G, Tq, D).to(wide) * D**-0.5  # query heads grouped by the K/V head they share
+    position = context_lens[:, None] - Tq + torch.arange(Tq, device=q.device)  # (B, Tq) of each query
+    m = torch.full((B, n_kv, G, Tq), -torch.inf, dtype=wide, device=q.device)  # running max of the scores
+    l = torch.zeros_like(m)  # running sum of exp(score - m)
+    o = torch.zeros(B, n_kv, G, Tq, D, dtype=wide, device=q.device)  # running sum of exp(score - m) v
+    for j in range(-(-int(context_lens.max()) // S)):
+        k = key_pool[block_tables[:, j]].to(wide)  # (B, H_kv, S, D): block j of every sequence, via its table
+        v = value_pool[block_tables[:, j]].to(wide)
+        s = torch.einsum("bkgqd,bksd->bkgqs", qg, k)  # (B, H_kv, G, Tq, S)
+        visible = j * S + torch.arange(S, device=q.device)[None, None, :] <= position[:, :, None]  # (B, Tq, S)
+        s = s.masked_fill(~visible[:, None, None], -torch.inf)
+        m_new = torch.maximum(m, s.amax(-1))  # finite from block 0 on: every query sees position 0
+        p = torch.exp(s - m_new[..., None])  # (B, H_kv, G, Tq, S); 0 where masked
+        rescale = torch.exp(m - m_new)  # (B, H_kv, G, Tq); 0 at j = 0, where m = -inf
+        l = rescale * l + p.sum(-1)
+        o = rescale[..., None] * o + torch.einsum("bkgqs,bksd->bkgqd", p, v)
+        m = m_new
+    return (o / l[..., None]).to(q.dtype).view(B, H, Tq, D)  # (B, H, Tq, D)
 
 
 class PagedKVCache:
