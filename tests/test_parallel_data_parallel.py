@@ -145,3 +145,60 @@ def test_ranks_with_different_models_raise_naming_the_first_difference():
         )
         assert "tensor #2 is missing on rank 0 but parameter '1.weight' of shape (2, 2), float32 on rank 1" in count
         assert "float32 on rank 0 but parameter 'weight' of shape (2, 2), float64 on rank 1" in dtype
+
+
+def _bucket_views() -> dict:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    ddp = DDP(_mlp(0), bucket_mb=1500 / 2**20)  # several buckets
+    optim = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = _batches()[0]
+    out = {"shared": [], "copies_in_place": []}
+    for set_to_none in (True, False):  # autograd's fresh tensor copied in once / accumulated in place
+        optim.zero_grad(set_to_none=set_to_none)
+        nn.MSELoss()(ddp(x.chunk(n)[rank]), y.chunk(n)[rank]).backward()
+        ddp.finish_gradient_sync()
+        for flat, bucket in zip(ddp.flat, ddp.buckets):
+            offset = 0
+            for p in bucket:
+                # the same memory: .grad starts at its offset in the bucket's buffer
+                same = p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+                at = p.grad.data_ptr() == flat.data_ptr() + offset * flat.element_size()
+                out["shared"].append(same and at)
+                offset += p.numel()
+        out["flat_numel"] = sum(f.numel() for f in ddp.flat)
+        # the averaged gradient, read through the buffer, is what the .grad views hold
+        out["copies_in_place"].append(
+            max(
+                (flat - torch.cat([p.grad.reshape(-1) for p in b])).abs().max().item()
+                for flat, b in zip(ddp.flat, ddp.buckets)
+            )
+        )
+    single = _mlp(0)
+    nn.MSELoss()(single(x), y).backward()
+    out["vs_single"] = max(
+        (p.grad - q.grad).abs().max().item() for p, q in zip(ddp.module.parameters(), single.parameters())
+    )
+    out["n_params"] = sum(p.numel() for p in single.parameters())
+    return out
+
+
+def test_gradients_are_views_into_the_buckets_and_averaged_in_place():
+    for res in launch(_bucket_views, 2, echo=False):
+        assert res["shared"] and all(res["shared"])  # every .grad lives in its bucket, at its offset
+        assert res["flat_numel"] == res["n_params"]  # the buckets hold the gradients once, no second copy
+        assert res["copies_in_place"] == [0.0, 0.0]
+        assert res["vs_single"] < ATOL  # and they are the full-batch gradient (rounding, see the top)
+
+
+def _mixed_dtypes() -> str:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).double())
+    try:
+        DDP(model)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_ddp_refuses_gradients_of_two_dtypes():
+    for message in launch(_mixed_dtypes, 2, echo=False):
+        assert "one gradient dtype" in message and "torch.float64" in message

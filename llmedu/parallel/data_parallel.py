@@ -25,9 +25,15 @@ broadcast pairs tensors by position only, and would otherwise mix mismatched one
 Both wrappers log compute and communication spans (seconds since the log was started) for the
 per-rank timeline in ``llmedu.viz.timeline``.
 
-Left out: views of the gradients into the buckets (we copy in and out), unused-parameter
-detection (we raise instead), rebuilding the buckets in the observed order after the first
-step, gradient compression hooks, mixed-precision all-reduce.
+Each bucket is one flat buffer, and every ``.grad`` is a view into it (torch's
+``gradient_as_bucket_view=True``): the all-reduce averages the gradients where they are, with no copy
+in or out. When ``zero_grad()`` has set a ``.grad`` to None (its default), autograd hands the hook a
+fresh tensor; the hook copies it into the bucket once and makes ``.grad`` the view again, as torch's
+reducer does. ``zero_grad(set_to_none=False)`` zeroes the views in place, and backward then
+accumulates straight into the buckets: no copy at all.
+
+Left out: unused-parameter detection (we raise instead), rebuilding the buckets in the observed
+order after the first step, gradient compression hooks, mixed-precision all-reduce.
 """
 
 from __future__ import annotations
@@ -157,15 +163,32 @@ def assign_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
 
 
 class DDP(_DataParallel):
-    """DistributedDataParallel from scratch: bucketed all-reduce, overlapped with backward."""
+    """DistributedDataParallel from scratch: bucketed all-reduce, overlapped with backward.
+
+    ``self.flat[b]`` is bucket b's buffer (its gradients end to end, in bucket order) and each
+    ``p.grad`` a view into it, so the gradients are averaged in place.
+    """
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
         super().__init__(module)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._names = {id(p): name for name, p in module.named_parameters()}
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) > 1:
+            raise ValueError(f"one flat buffer per bucket needs one gradient dtype, got {sorted(map(str, dtypes))}")
         sizes = [p.numel() * p.element_size() for p in self.params]
         self.buckets = [[self.params[i] for i in b] for b in assign_buckets(sizes, int(bucket_mb * 2**20))]
         self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.flat: list[torch.Tensor] = []  # (bucket numel,) each
+        self._view: dict[int, torch.Tensor] = {}  # id(p) -> p's slice of its bucket, shaped like p
+        for bucket in self.buckets:
+            flat = torch.zeros(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
+            for p, piece in zip(bucket, flat.split([p.numel() for p in bucket])):
+                self._view[id(p)] = piece.view_as(p)
+                if p.grad is not None:
+                    self._view[id(p)].copy_(p.grad)
+                p.grad = self._view[id(p)]
+            self.flat.append(flat)
         self._sync = True
         self._reset()
         for p in self.params:
@@ -173,7 +196,8 @@ class DDP(_DataParallel):
 
     def _reset(self) -> None:
         self._ready = [0] * len(self.buckets)  # gradients ready per bucket
-        self._pending: list[tuple[torch.futures.Future, torch.Tensor]] = []  # launched, in order
+        self._arrived: set[int] = set()  # id(p) of the parameters whose gradient is ready
+        self._pending: list[torch.futures.Future] = []  # launched, in order
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -189,10 +213,20 @@ class DDP(_DataParallel):
             raise RuntimeError("call finish_gradient_sync() after backward and before the next forward")
         return super().forward(*args, **kwargs)
 
+    @torch.no_grad()
+    def _into_bucket(self, param: nn.Parameter) -> None:
+        """Make ``param.grad`` its bucket's view again if autograd gave it a tensor of its own."""
+        view = self._view[id(param)]
+        if param.grad.data_ptr() != view.data_ptr():  # after zero_grad(set_to_none=True): a fresh tensor
+            view.copy_(param.grad)
+            param.grad = view
+
     def _grad_ready(self, param: nn.Parameter) -> None:
+        self._into_bucket(param)  # under no_sync too: accumulation continues in the bucket
         if not self._sync:
             return
         self._ready[self._bucket_of[id(param)]] += 1
+        self._arrived.add(id(param))
         # launch full buckets strictly in order: every rank must issue the same all-reduces in
         # the same sequence, or they would pair up the wrong buffers
         while len(self._pending) < len(self.buckets):
@@ -207,31 +241,29 @@ class DDP(_DataParallel):
         start = log.now()
         log.add("compute", f"backward: bucket {b}", self._backward_start, start)
         self._backward_start = start  # the next bucket's gradients are computed from here on
-        # one copy of the bucket's gradients, averaged in place (torch's DDP avoids even this copy by making
-        # each .grad a view into its bucket: gradient_as_bucket_view=True)
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]]).div_(self.world_size)  # (bucket numel,)
+        flat = self.flat[b].div_(self.world_size)  # (bucket numel,): the .grad views, averaged in place
         work = dist.all_reduce(flat, async_op=True)
         # the callback runs on the communication thread when the all-reduce completes; waiting for
-        # the future it returns (in finish_gradient_sync) also waits for the event to be logged
+        # the future it returns (in finish_gradient_sync) also waits for the event to be logged.
+        # The span runs from launch to completion: it includes time queued behind earlier buckets and
+        # time waiting for the other ranks to launch the same bucket.
         done = work.get_future().then(lambda _: log.add("comm", f"all-reduce: bucket {b}", start, log.now()))
-        self._pending.append((done, flat))
+        self._pending.append(done)
 
     @torch.no_grad()
     def finish_gradient_sync(self) -> None:
-        """Wait for every bucket's all-reduce and put the averaged gradients back in ``.grad``."""
+        """Wait for every bucket's all-reduce: the ``.grad`` views then hold the averaged gradients."""
         if not self._sync:
             return
         if len(self._pending) < len(self.buckets):
-            missing = [self._names[id(p)] for p in self.params if p.grad is None]
+            missing = [self._names[id(p)] for p in self.params if id(p) not in self._arrived]
             self._reset()
             raise RuntimeError(
                 f"not every gradient arrived (no gradient for {', '.join(missing) or 'no parameter'}; "
                 "was backward called?): every trainable parameter must be used in the forward"
             )
-        for (done, flat), bucket in zip(self._pending, self.buckets):
+        for done in self._pending:
             done.wait()
-            for p, averaged in zip(bucket, flat.split([p.numel() for p in bucket])):
-                p.grad.copy_(averaged.view_as(p))
         self._reset()
 
 
