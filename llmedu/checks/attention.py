@@ -32,6 +32,13 @@ __all__ = [
 ]
 
 
+def _first_block_masked() -> torch.Tensor:
+    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1))
+    x[0, :5] = -math.inf
+    x[2] = -math.inf
+    return x
+
+
 def check_online_logsumexp(fn):
     """``fn(x, block)``: logsumexp of x (..., N) over the last dim, one pass over blocks of columns."""
     g = Grader("check_online_logsumexp")
@@ -45,6 +52,9 @@ def check_online_logsumexp(fn):
             torch.randn(2, 12, generator=gen).masked_fill(torch.arange(12) % 3 == 0, -math.inf),
             5,
         ),
+        # a first block with nothing in it (running max -inf), and a row that is all -inf (answer -inf):
+        # exp(m - m_new) with m = m_new = -inf is NaN unless the update guards it
+        ("a row whose first block is all -inf", _first_block_masked(), 5),
     ]
     for name, x, block in cases:
         got = g.call(fn, x.clone(), block)

@@ -12,10 +12,11 @@ block only when its last one is full, so at most S - 1 slots per sequence are wa
 
 Reading K and V through the table, two ways:
 
-* ``paged_attention_blockwise`` does what vLLM's kernel does (sec. 4.1): a loop over a sequence's
-  blocks, each fetched from the pool through the table (one block per sequence at a time, as a GPU
-  kernel loads a block into on-chip memory) and folded into the output with the online softmax of
-  FlashAttention (lesson 15). The whole context is never assembled in one tensor.
+* ``paged_attention_blockwise`` reads K/V block by block through the table, as vLLM's kernel does
+  (sec. 4.1): one block per sequence at a time, as a GPU kernel loads a block into on-chip memory. Ours
+  folds each block into the output with the online softmax of FlashAttention (lesson 15); vLLM's
+  paged_attention_v1 instead keeps the sequence's scores in shared memory, takes their max and sum, and
+  makes a second pass over the value blocks. Either way the whole context is never assembled in one tensor.
 * ``gather_kv`` copies a batch's blocks into one contiguous (B, H_kv, T, D) tensor, and
   ``paged_attention`` runs SDPA on that copy. ``PagedBatch.update`` does this for every layer at
   every step, because our model's attention takes contiguous K and V from its cache: it costs a copy
@@ -114,8 +115,9 @@ def paged_attention_blockwise(
 
     Step j reads block ``block_tables[b, j]`` of every sequence b (B blocks of (H_kv, S, D)) and folds
     it into a running (max m, sum l, unnormalised output o) per query: the online softmax
-    (Milakov & Gimelshein 2018; FlashAttention-2, Alg. 1). vLLM's kernel runs the same loop with one
-    thread block per (sequence, head); here each step serves the whole batch. Arguments as in
+    (Milakov & Gimelshein 2018; FlashAttention-2, Alg. 1). vLLM's kernel reads the same blocks, with one
+    thread block per (sequence, head), but in two passes (scores, then values); here each step serves the
+    whole batch. Arguments as in
     ``paged_attention``; blocks past a sequence's length (table padding) are fully masked.
     """
     B, H, Tq, D = q.shape

@@ -27,7 +27,8 @@ fp32 (fp64 for fp64 inputs); P and dS are rounded to the input dtype before the 
 
 Left out: everything that makes the real kernel fast. Here one tile step is a handful of PyTorch
 ops over every batch and head at once; on a GPU it is one thread block whose tiles live in SRAM,
-with warp-level work partitioning, and the Python loop over tiles becomes the grid. Also left out:
+with warp-level work partitioning; the outer loop (query tiles forward, key tiles backward) becomes the
+grid and the inner loop runs inside each thread block. Also left out:
 dropout, and gradients with respect to the mask.
 """
 
