@@ -11,6 +11,7 @@ bucket changes parameters by ~1e-2.
 import pytest
 import torch
 import torch.distributed as dist
+from raised import raised
 from torch import nn
 
 from llmedu.parallel import launch
@@ -124,13 +125,7 @@ def _mismatched_models() -> list[str]:
         nn.Sequential(nn.Linear(2, 2), *([nn.Linear(2, 2)] if rank == 1 else [])),  # a layer more
         nn.Linear(2, 2) if rank == 0 else nn.Linear(2, 2).double(),  # another dtype
     ]
-    messages = []
-    for model in models:
-        try:
-            DDP(model)
-        except RuntimeError as err:
-            messages.append(str(err))
-    return messages
+    return raised(*(lambda model=model: DDP(model) for model in models), kind=RuntimeError)
 
 
 def test_ranks_with_different_models_raise_naming_the_first_difference():

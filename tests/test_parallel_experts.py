@@ -16,6 +16,7 @@ about 30 s on 2 cores and are marked slow.
 import pytest
 import torch
 import torch.distributed as dist
+from raised import raised
 
 from llmedu.nn.moe import MoE
 from llmedu.parallel import launch
@@ -89,7 +90,6 @@ def _case(top_k: int, capacity_factor: float | None, impl: str) -> tuple[dict, d
 def _worker() -> tuple[dict, list[str]]:
     torch.set_num_threads(1)
     results = {(name, impl): _case(*args, impl) for name, args in CASES.items() for impl in ("torch", "p2p")}
-    messages = []
     n = dist.get_world_size()
     bad = [
         lambda: ExpertParallelMoE(MoE(D, D_FF, n_experts=2 * n + 1)),
@@ -97,11 +97,7 @@ def _worker() -> tuple[dict, list[str]]:
         lambda: all_to_all(torch.zeros(3, D), [1] * n, [1] * (n + 1)),
         lambda: all_to_all(torch.zeros(3, D), [1] * n, [1] * n),
     ]
-    for make in bad:
-        try:
-            make()
-        except ValueError as err:
-            messages.append(str(err))
+    messages = raised(*bad)
     return results, messages
 
 

@@ -9,6 +9,7 @@ loss by 1e-2 after one step.
 
 import pytest
 import torch
+from raised import raised
 
 from llmedu.data.corpora import load_corpus
 from llmedu.models import CausalLM, TransformerConfig
@@ -45,12 +46,7 @@ LAYOUTS = [(2, 2, 2), (1, 4, 2), (2, 1, 4), (8, 1, 1)]  # (DP, TP, PP), all on o
 
 def _layouts_worker(batches):
     torch.set_num_threads(1)
-    errors = []
-    for sizes in ((3, 1, 1), (2, 2, 1), (0, 8, 1)):
-        try:
-            make_mesh(*sizes)
-        except ValueError as err:
-            errors.append(str(err))
+    errors = raised(*(lambda sizes=sizes: make_mesh(*sizes) for sizes in ((3, 1, 1), (2, 2, 1), (0, 8, 1))))
     n_micro = lambda dp: 1 if dp == 8 else 2  # noqa: E731  (a batch of 8 over 8 replicas: one row each)
     return {sizes: train_3d(CONFIG, batches, *sizes, n_micro=n_micro(sizes[0]), lr=LR) for sizes in LAYOUTS}, errors
 

@@ -12,6 +12,7 @@ All checks for one TP size run in one ``launch`` (starting processes costs secon
 import pytest
 import torch
 import torch.distributed as dist
+from raised import raised
 
 from llmedu.models import CausalLM, TransformerConfig
 from llmedu.models.gpt import lm_loss
@@ -129,14 +130,9 @@ def _torch_tp_worker() -> dict:
 
 
 def _bad_sizes_worker() -> list[str]:
-    messages = []
-    for cfg in (dict(n_heads=3, d_model=24), dict(n_heads=4, n_kv_heads=1), dict(vocab_size=63), dict(d_ff=33)):
-        model = CausalLM(TransformerConfig(**{**dict(vocab_size=64, d_model=32, n_layers=1, n_heads=4), **cfg}))
-        try:
-            tensor_parallel(model)
-        except ValueError as err:
-            messages.append(str(err))
-    return messages
+    base = dict(vocab_size=64, d_model=32, n_layers=1, n_heads=4)
+    configs = (dict(n_heads=3, d_model=24), dict(n_heads=4, n_kv_heads=1), dict(vocab_size=63), dict(d_ff=33))
+    return raised(*(lambda cfg=cfg: tensor_parallel(CausalLM(TransformerConfig(**{**base, **cfg}))) for cfg in configs))
 
 
 def _checks_on_two_ranks() -> tuple[dict, dict, list[str]]:
