@@ -6,6 +6,11 @@ check_lora_merge(fn)          fn(weight, A, B, alpha) -> the merged weight W0 + 
                               compute what the unmerged layer computes
 check_prefix_parameters(fn)   fn(n_virtual, n_layers, n_kv_heads, head_dim) -> trainable parameters of
                               prefix tuning without the MLP: a key and a value per virtual token and layer
+check_lora_parameters(fn)     fn(r, n_layers, d_model, n_labels) -> trainable parameters of lesson 17's LoRA
+                              row: LoRA on query and value of every layer of a BERT, plus the new classifier
+                              head, counted on a real model of each size
+check_lora_switch(fn)         fn(w_merged, A1, B1, A2, B2, alpha) -> the weight that serves adapter 2 from a
+                              weight into which adapter 1 was merged; the two ranks differ, so do the scalings
 """
 
 from __future__ import annotations
@@ -14,11 +19,17 @@ import torch
 from torch import nn
 
 from llmedu.checks.core import CheckResult, Grader
-from llmedu.peft.inject import count_parameters
-from llmedu.peft.lora import LoRALinear
+from llmedu.peft.inject import count_parameters, mark_trainable
+from llmedu.peft.lora import LoRALinear, apply_lora
 from llmedu.peft.prompt import PrefixTuning
 
-__all__ = ["check_lora_forward", "check_lora_merge", "check_prefix_parameters"]
+__all__ = [
+    "check_lora_forward",
+    "check_lora_merge",
+    "check_prefix_parameters",
+    "check_lora_parameters",
+    "check_lora_switch",
+]
 
 _SHAPES = [(8, 6, 2), (16, 32, 4), (32, 16, 1)]  # (d_in, d_out, r)
 
@@ -90,4 +101,69 @@ def check_prefix_parameters(fn) -> CheckResult:
         g.compare(
             f"{n_virtual} virtual tokens, {n_layers} layers, {n_kv_heads} KV heads of {config.head_dim}", got, expected
         )
+    return g.result()
+
+
+def check_lora_parameters(fn) -> CheckResult:
+    """Count against a real ``BertForSequenceClassification`` of each size, adapted as in the lesson."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    g = Grader("check_lora_parameters")
+    for r, n_layers, d_model, n_labels in [(8, 6, 384, 2), (8, 2, 384, 2), (4, 3, 64, 5), (1, 1, 32, 3)]:
+        config = BertConfig(
+            vocab_size=50,  # the embeddings are frozen: their size cannot change the answer
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=d_model // 32,
+            intermediate_size=4 * d_model,
+            num_labels=n_labels,
+        )
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(config)
+        apply_lora(model, ["query", "value"], r=r, alpha=2 * r)
+        mark_trainable(model, "classifier")
+        got = g.call(fn, r, n_layers, d_model, n_labels)
+        g.compare(f"r={r}, {n_layers} layers, d_model={d_model}, {n_labels} labels", got, count_parameters(model)[0])
+    return g.result()
+
+
+def check_lora_switch(fn) -> CheckResult:
+    """The returned weight must be W0 + (alpha / r2) B2 A2 and compute what adapter 2's LoRA layer computes."""
+    g = Grader("check_lora_switch")
+    for seed, (d_in, d_out, r1, r2) in enumerate([(8, 6, 2, 4), (16, 32, 4, 1), (12, 12, 3, 3)]):
+        alpha = 8.0
+        first, second = _lora_layer(d_in, d_out, r1, alpha, seed), _lora_layer(d_in, d_out, r2, alpha, seed + 10)
+        with torch.no_grad():
+            second.base.weight.copy_(first.base.weight)  # one frozen W0, two adapters
+            second.base.bias.copy_(first.base.bias)
+            w0 = first.base.weight.clone()
+            first.merge()
+            w_merged = first.base.weight.clone()
+        got = g.call(
+            fn,
+            w_merged.clone(),
+            first.lora_A.detach().clone(),
+            first.lora_B.detach().clone(),
+            second.lora_A.detach().clone(),
+            second.lora_B.detach().clone(),
+            alpha,
+        )
+        # fp32 sums of a few terms of size <= ~10: 1e-5 absolute is tens of ulps, far below any real mistake
+        g.compare(
+            f"weight for adapter 2, d_in={d_in}, d_out={d_out}, r1={r1}, r2={r2}",
+            got,
+            w0 + second.delta_weight().detach(),
+            atol=1e-5,
+            rtol=1e-5,
+        )
+        if isinstance(got, torch.Tensor) and got.shape == w0.shape:
+            x = torch.randn(4, d_in)
+            with torch.no_grad():
+                g.compare(
+                    "x W^T + b equals adapter 2's LoRA layer",
+                    nn.functional.linear(x, got, second.base.bias),
+                    second(x),
+                    atol=1e-5,
+                    rtol=1e-5,
+                )
     return g.result()
