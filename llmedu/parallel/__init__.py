@@ -22,6 +22,8 @@ cost_model      what a collective costs on a link (alpha-beta, ring or tree), an
 layout_cost     the memory and step time of one DP x TP x PP x CP x EP layout, on paper
 planner         which parallelism when: every layout of a cluster, those that fit, ranked by the cost model
 published       published training runs (Megatron-LM, BLOOM, Llama 3) through the cost model
+local_cluster   this CPU as a Cluster: matmul FLOP/s, AdamW, overheads and gloo's alpha-beta measured
+layout_run      layouts trained for real on CPU processes, measured, with the planner's prediction beside them
 events          spans of compute and communication on each rank, for the timelines
 example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
                 script under our launcher and under torchrun
@@ -43,6 +45,7 @@ from .cost_model import Cluster, Link, cluster
 from .experts import ExpertParallelMoE
 from .launch import WorkerError, launch
 from .layout_cost import Batch, Layout
+from .local_cluster import local_cluster
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload
 from .pipeline_parallel import (
@@ -78,6 +81,7 @@ __all__ = [
     "gather_sequence",
     "reduce_scatter_sequence",
     "launch",
+    "local_cluster",
     "WorkerError",
     "broadcast",
     "reduce",

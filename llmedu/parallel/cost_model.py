@@ -47,6 +47,7 @@ __all__ = [
 
 GB = 1e9
 US = 1e-6
+PRECISIONS = ("bf16", "fp32")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send")
 
 
@@ -71,6 +72,14 @@ class Cluster:
     ``efficiency`` is the fraction of the accelerator's 16-bit peak that a transformer's large matmuls
     sustain (its own provenance in ``efficiency_source``); ``host`` is the link to host memory that
     ZeRO-Offload uses, ``host_bandwidth`` the host memory's bandwidth that a CPU optimizer step streams through.
+    ``precision`` is how training runs there: "bf16" mixed precision (16-bit weights, activations and
+    gradients, fp32 master weights and Adam moments) or "fp32" throughout; ``overlap`` says whether
+    communication can hide behind compute (a GPU's copy engines and NCCL's own SMs: yes; ranks that
+    share every CPU core: no). ``layer_overhead`` and ``micro_batch_overhead`` are seconds a rank spends
+    per layer, and per stage, in every micro-batch's forward and backward beyond its FLOPs (launching
+    ops from Python); 0 for the GPU presets, where launches queue ahead of the kernels. ``cores``: the
+    CPU cores that all ranks share, counted in threads (0: every rank has its own accelerator); with
+    more rank threads than cores, ranks take turns (``layout_cost.step_time``).
     """
 
     name: str
@@ -84,10 +93,22 @@ class Cluster:
     host: Link
     host_bandwidth: float
     notes: str = field(default="")
+    precision: str = "bf16"
+    overlap: bool = True
+    layer_overhead: float = 0.0
+    micro_batch_overhead: float = 0.0
+    cores: int = 0
+    threads: int = 1
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"cluster {self.name!r}: precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.gpus_per_node < 1 or self.nodes < 1:
             raise ValueError(f"cluster {self.name!r}: gpus_per_node and nodes must be >= 1")
+        if not isinstance(self.cores, int) or self.cores < 0 or not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"cluster {self.name!r}: cores must be an int >= 0 and threads an int >= 1")
+        if self.layer_overhead < 0 or self.micro_batch_overhead < 0:
+            raise ValueError(f"cluster {self.name!r}: overheads must be >= 0 seconds")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"cluster {self.name!r}: efficiency must be in (0, 1], got {self.efficiency}")
 
@@ -97,7 +118,7 @@ class Cluster:
 
     @property
     def flops(self) -> float:
-        """Sustained 16-bit matmul FLOP/s of one accelerator: peak x efficiency."""
+        """Sustained matmul FLOP/s of one accelerator in the cluster's precision: peak x efficiency."""
         return self.accelerator.peak_flops_16bit * self.efficiency
 
     def link(self, group_size: int, stride: int = 1) -> Link:

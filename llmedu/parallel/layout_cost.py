@@ -4,7 +4,7 @@ A layout splits ``world = dp * tp * pp * cp`` ranks (``ep`` experts groups insid
 stage, activation recomputation, a micro-batch size and optimizer offload. For a causal transformer
 (``TransformerConfig``) and a global batch of ``B`` sequences of ``s`` tokens, per rank:
 
-**Memory** = model states + activations + logits, each from an earlier lesson:
+**Memory** = model states + activations + logits + working memory, each from an earlier lesson:
 
     states       (2 + 2 + 12) bytes per parameter held, sharded by ZeRO over dp*cp    (lesson 14; ZeRO §3.1)
                  held: the layers of one stage, split by tp (experts also by ep), and the embedding
@@ -14,16 +14,22 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
                    tp with SP      sbh/t (34 + 5as/h)
                    full recompute  2sbh (only each layer's input is kept)
                  the 5as/h term (the s x s scores) is gone with FlashAttention or selective recomputation;
-                 s is the local sequence s/cp; a 1F1B first stage holds pp micro-batches in flight
+                 s is the local sequence s/cp; 1F1B stage i holds min(m, pp - i) micro-batches in flight
                  (interleaved: pp (1 + (pp-1)/(pp v)), Korthikanti et al. 2022 §4.2.3)   (lessons 06, 08, 12)
-    logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage
+    logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage, and the
+                 final norm's input and output, 2 b (s/cp) h values (fp32 training: 4-byte values, 4 + 4 + 8
+                 bytes of states per parameter, no dropout masks unless the model has dropout)
+    working      backward's gradients of one layer's intermediates (one micro-batch) on a stage without
+                 the logits; ZeRO-3's gathered unit (weights and gradient of a layer); ZeRO-1's full
+                 gradient counts only where it outgrows the activations it replaces in backward
 
 **Step time** = the pipeline's (m + (pp-1)/v) micro-batch slots (GPipe's bubble, lesson 12) of
 compute + the communication on the critical path, then what of the data-parallel sync backward
 does not hide, then the optimizer step:
 
     compute    (6N + 12 L s d) FLOPs per token (``counting.flops_per_token``; 8N with full recompute)
-               at ``cluster.flops`` (peak x an efficiency, stated with its source)
+               at ``cluster.flops`` (peak x an efficiency, stated with its source), plus the cluster's
+               fixed cost of launching a layer's and a stage's ops (0 on GPUs; measured on a CPU)
     TP         4 all-reduces per layer and micro-batch (2 forward, 2 backward) of b (s/cp) h 16-bit
                values; SP swaps each for an all-gather + reduce-scatter of the same bytes (lesson 11)
     CP         K and V of the other cp - 1 chunks pass around the ring (forward; twice that in
@@ -32,14 +38,16 @@ does not hide, then the optimizer step:
                copies of b (s/cp) h values (lesson 19)
     PP         one send forward and one backward per micro-batch, of b (s/cp) h values
     DP         an all-reduce of the 16-bit gradients (ZeRO 1/2: reduce-scatter + all-gather, the same
-               bytes), hidden behind the last micro-batch's backward as far as it lasts; ZeRO-3 only
+               bytes), in DDP's 25 MiB buckets or ZeRO's units (a layer), each paying its latency, hidden behind the last micro-batch's backward as far as it lasts; ZeRO-3 only
                reduce-scatters them (its weights stay sharded) and gathers the weights in every
                micro-batch's forward and backward (lesson 10, 14)
     optimizer  32 bytes read and written per parameter of the shard, at HBM bandwidth; offloaded:
                16-bit gradients down and weights up over PCIe, and ~28 bytes per parameter through
                host memory for the CPU's Adam (ZeRO-Offload, Ren et al. 2021), not overlapped
 
-Every collective is costed by ``cost_model`` on the slowest link its group crosses.
+Every collective is costed by ``cost_model`` on the slowest link its group crosses. Where ranks share
+CPU cores (``cluster.cores``, this machine), the step is the longer of that critical path and the
+ranks' CPU work spread over the cores plus their communication ("shared cores" in the breakdown).
 
 Left out: overlap of TP communication with compute, zero-bubble schedules, memory fragmentation
 and the CUDA context (the planner keeps a margin instead), kernel launch overheads, stragglers,
@@ -48,16 +56,27 @@ the causal mask halving attention FLOPs, gated FFNs' extra activations beyond th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ..models.config import TransformerConfig
 from ..models.counting import flops_per_token
-from .cost_model import Cluster, all_reduce_time, collective_time
+from .cost_model import PRECISIONS, Cluster, all_reduce_time, collective_time
 
-__all__ = ["Layout", "Batch", "parameters", "active_matmul_parameters", "stage_layers", "memory_per_rank", "step_time"]
+__all__ = [
+    "Layout",
+    "Batch",
+    "parameters",
+    "active_matmul_parameters",
+    "stage_layers",
+    "in_flight",
+    "memory_per_rank",
+    "step_time",
+]
 
 RECOMPUTE = ("none", "selective", "full")
 BF16 = 2
+DDP_BUCKET = 25 * 2**20  # bytes: torch DDP's default bucket (ours too)
 
 
 @dataclass(frozen=True, order=True)
@@ -139,54 +158,113 @@ def stage_layers(cfg: TransformerConfig, layout: Layout) -> int:
     return -(-cfg.n_layers // layout.pp)
 
 
-def _held(cfg: TransformerConfig, layout: Layout) -> float:
-    """Parameters held by the busiest rank: its stage's layers (split by tp, experts by tp*ep), plus embeddings."""
+def _held(cfg: TransformerConfig, layout: Layout, stage: int | None = None) -> float:
+    """Parameters held by one rank of pipeline ``stage`` (None: the busiest): its stage's ceil(L / pp) layers
+    (split by tp, experts by tp*ep), plus the embedding on the first stage and the head on the last."""
     p = parameters(cfg)
     layers = stage_layers(cfg, layout)
     last = p["head"] + (cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0)  # a tied head is a copy there
-    ends = p["embedding"] + p["head"] if layout.pp == 1 else max(p["embedding"], last)
+    if layout.pp == 1:
+        ends = p["embedding"] + p["head"]
+    elif stage is None:
+        ends = max(p["embedding"], last)
+    else:
+        ends = (p["embedding"] if stage == 0 else 0) + (last if stage == layout.pp - 1 else 0)
     return layers * (p["layer"] / layout.tp + p["experts"] / (layout.tp * layout.ep)) + ends / layout.tp
 
 
-def _activations_per_layer(cfg: TransformerConfig, layout: Layout, seq_len: int, flash: bool) -> float:
+def _activations_per_layer(cfg: TransformerConfig, layout: Layout, seq_len: int, flash: bool, v: int = BF16) -> float:
+    """Bytes one layer keeps for backward, ``v`` bytes per value. In 16-bit we keep the paper's dropout
+    masks (its 34 = 8v + 2 + 16 at v = 2); in fp32 (our CPU runs) dropout counts only if the config has it."""
     s, b, h, a, t = seq_len / layout.cp, layout.micro_batch, cfg.d_model, cfg.n_heads, layout.tp
+    d = 1 if v == BF16 or cfg.dropout > 0 else 0  # one byte per dropout mask value
     if layout.recompute == "full":
-        return 2 * s * b * h / (t if layout.sequence_parallel else 1)
+        return v * s * b * h / (t if layout.sequence_parallel else 1)
     mlp_scale = cfg.d_ff / (4 * h) * (1.5 if cfg.activation in ("swiglu", "geglu") else 1.0)
-    linear = 18 + 16 * mlp_scale  # the paper's 34 with its MLP intermediates (16) scaled to this FFN
-    scores = 0.0 if flash or layout.recompute == "selective" else 5 * a * s / h
+    linear = 8 * v + 2 * d + 8 * v * mlp_scale  # LNs, attention, MLP (its 8v intermediates scaled to this FFN)
+    scores = 0.0 if flash or layout.recompute == "selective" else (v + d * (1 + v)) * a * s / h
     if t == 1 or layout.sequence_parallel:
         return s * b * h / t * (linear + scores)
-    return s * b * h * (10 + (linear - 10) / t + scores / t)
+    whole = 4 * v + 2 * d  # the LayerNorms' inputs and outputs and the dropout masks: not split by plain TP
+    return s * b * h * (whole + (linear - whole) / t + scores / t)
 
 
-def memory_per_rank(cfg: TransformerConfig, layout: Layout, batch: Batch, *, flash: bool = True) -> dict[str, float]:
-    """Bytes on the busiest rank, by category: the first stage's activations with the last stage's logits
-    (an upper bound when pp > 1, where they live on different ranks). ``flash``: no s x s scores kept."""
-    held = _held(cfg, layout)
-    shards = layout.dp * layout.cp
-    weights = BF16 * held / (shards if layout.zero >= 3 else 1)
-    grads = BF16 * held / (shards if layout.zero >= 2 else 1)
-    optimizer = 0.0 if layout.offload else 12 * held / (shards if layout.zero >= 1 else 1)
+def memory_per_rank(
+    cfg: TransformerConfig, layout: Layout, batch: Batch, *, flash: bool = True, precision: str = "bf16"
+) -> dict[str, float]:
+    """Bytes on the busiest rank, by category. With a pipeline every stage is costed (its parameters,
+    the micro-batches it holds in flight, the logits on the last) and the largest total is returned.
+    ``flash``: no s x s scores kept. ``precision``: "bf16" mixed precision (2 + 2 + 12 bytes per
+    parameter, 16-bit activations) or "fp32" (4 + 4 + 8: weights, gradients, Adam's two moments;
+    4-byte activations)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    stages = [_stage_memory(cfg, layout, batch, i, flash, precision) for i in range(layout.pp)]
+    return max(stages, key=lambda m: sum(m.values()))
+
+
+def in_flight(layout: Layout, micro_batches: int, stage: int) -> float:
+    """Micro-batches whose activations pipeline ``stage`` holds at its peak. 1F1B: stage i runs p - i
+    forwards before its first backward (at most the m there are); interleaved with v chunks, the first
+    stage holds p (1 + (p - 1) / (p v)) micro-batches' worth (Korthikanti et al. 2022 §4.2.3)."""
     pp, v = layout.pp, layout.virtual
-    in_flight = 1 if pp == 1 else pp * (1 + (pp - 1) / (pp * v))
-    per_layer = _activations_per_layer(cfg, layout, batch.seq_len, flash)
-    activations = per_layer * stage_layers(cfg, layout) * in_flight
+    if pp == 1:
+        return 1.0
+    if v > 1:
+        return pp * (1 + (pp - 1) / (pp * v))
+    return float(min(micro_batches, pp - stage))
+
+
+def _stage_memory(
+    cfg: TransformerConfig, layout: Layout, batch: Batch, stage: int, flash: bool, precision: str
+) -> dict[str, float]:
+    w, g, o, v = (BF16, BF16, 12, BF16) if precision == "bf16" else (4, 4, 8, 4)
+    held = _held(cfg, layout, stage)
+    shards = layout.dp * layout.cp
+    weights = w * held / (shards if layout.zero >= 3 else 1)
+    grads = g * held / (shards if layout.zero >= 2 else 1)
+    optimizer = 0.0 if layout.offload else o * held / (shards if layout.zero >= 1 else 1)
+    m = max(1, batch.sequences // (layout.dp * layout.micro_batch))
+    per_layer = _activations_per_layer(cfg, layout, batch.seq_len, flash, v)
+    activations = per_layer * stage_layers(cfg, layout) * in_flight(layout, m, stage)
     if layout.recompute == "full":  # one layer's activations exist again while it is recomputed
-        activations += _activations_per_layer(cfg, replace(layout, recompute="none"), batch.seq_len, flash)
-    logits = layout.micro_batch * batch.seq_len / layout.cp * cfg.vocab_size / layout.tp * (BF16 + 4)
+        activations += _activations_per_layer(cfg, replace(layout, recompute="none"), batch.seq_len, flash, v)
+    logits = 0.0
+    if stage == layout.pp - 1:
+        # the logits, and the fp32 copy (bf16) or the log-softmax (fp32) the loss keeps for backward; and
+        # the final norm's input and output (2 sbh values, split by tp only under SP), which feed the head
+        tokens = layout.micro_batch * batch.seq_len / layout.cp
+        final_norm = 2 * v * tokens * cfg.d_model / (layout.tp if layout.sequence_parallel else 1)
+        logits = tokens * cfg.vocab_size / layout.tp * (v + 4) + final_norm
+    if layout.zero == 1:
+        # ZeRO-1 reduce-scatters the full gradient into the shard and frees it at every step (ours and
+        # DeepSpeed's), so it is not alive at the end of forward, where activations peak; backward frees
+        # activations as it makes gradients, so the gradient counts only where it outgrows them
+        grads = max(0.0, grads - activations - logits)
+    # working memory, alive only for a moment: backward's gradients of one layer's intermediates for one
+    # micro-batch (the shapes of its activations), on stages without the head (on the last, the logits,
+    # freed as backward starts, stand for them: its peak is the end of forward); and ZeRO-3's gathered unit, weights and gradient (ZeRO-Infinity §3's
+    # "model state working memory"; its units here: a layer, or the embedding and head together)
+    working = per_layer if stage < layout.pp - 1 else 0.0
+    if layout.zero >= 3:
+        p = parameters(cfg)
+        unit = max(p["layer"] + p["experts"] / layout.ep, p["embedding"] + p["head"]) / layout.tp
+        working += (w + g) * unit
     return {
         "weights": weights,
         "gradients": grads,
         "optimizer": optimizer,
         "activations": activations,
         "logits": logits,
+        "working": working,
     }
 
 
 def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster) -> dict[str, float]:
     """Seconds of one optimizer step by part; ``total`` is their sum (see the module docstring)."""
     s, b, h = batch.seq_len / layout.cp, layout.micro_batch, cfg.d_model
+    v = BF16 if cluster.precision == "bf16" else 4  # bytes per value on the wire
+    hide = 1.0 if cluster.overlap else 0.0  # can communication run while the rank computes?
     m = batch.sequences // (layout.dp * b)  # micro-batches per pipeline per step
     layers = stage_layers(cfg, layout)  # the busiest stage sets the pipeline's pace
     per_token = flops_per_token(cfg, active_matmul_parameters(cfg), batch.seq_len)
@@ -194,15 +272,16 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
     compute = (
         per_token * recompute * b * batch.seq_len / (layout.tp * layout.cp) * layers / cfg.n_layers / cluster.flops
     )
+    compute += recompute * (layers * cluster.layer_overhead + cluster.micro_batch_overhead)  # launching the ops
     attention_share = 12 * cfg.n_layers * batch.seq_len * h / per_token
-    activation_bytes = BF16 * b * s * h
+    activation_bytes = v * b * s * h
 
     tp_link = cluster.link(layout.tp)
     tp = layers * (4 + 2 * (layout.recompute == "full")) * all_reduce_time(activation_bytes, layout.tp, tp_link)[0]
     cp_link = cluster.link(layout.cp, stride=layout.tp)
-    kv_bytes = 2 * BF16 * b * s * cfg.n_kv_heads * cfg.head_dim / layout.tp
+    kv_bytes = 2 * v * b * s * cfg.n_kv_heads * cfg.head_dim / layout.tp
     ring = 3 * (layout.cp - 1) * collective_time("send", kv_bytes, 2, cp_link) if layout.cp > 1 else 0.0
-    cp = max(0.0, layers * ring - attention_share * compute)
+    cp = max(0.0, layers * ring - hide * attention_share * compute)
     ep = 0.0
     if cfg.moe is not None and layout.ep > 1:
         ep_link = cluster.link(layout.ep, stride=layout.tp * layout.cp)
@@ -217,21 +296,37 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
 
     held, shards = _held(cfg, layout), layout.dp * layout.cp
     dp_link = cluster.link(shards, stride=layout.tp)
+    # the gradients move in pieces, each a collective paying its own latency: DDP's buckets of 25 MiB,
+    # ZeRO's units (each layer, and the embedding and head together); ZeRO adds one all-reduce of the
+    # gradient norm (for clipping)
+    pieces = layers + 1 if layout.zero else max(1, math.ceil(v * held / DDP_BUCKET))
     if layout.zero >= 3:  # the gradients are reduce-scattered; nothing is gathered after the step
-        sync = collective_time("reduce_scatter", BF16 * held, shards, dp_link)
+        sync = pieces * collective_time("reduce_scatter", v * held / pieces, shards, dp_link)
     else:
-        sync = all_reduce_time(BF16 * held, shards, dp_link)[0]
-    dp = max(0.0, sync - 2 / 3 * compute)  # hidden behind the last micro-batch's backward
+        sync = pieces * all_reduce_time(v * held / pieces, shards, dp_link)[0]
+    if layout.zero and shards > 1:
+        sync += all_reduce_time(4, shards, dp_link)[0]
+    dp = max(0.0, sync - hide * 2 / 3 * compute)  # hidden behind the last micro-batch's backward
     if layout.zero >= 3 and shards > 1:  # gather weights for forward and backward of every micro-batch
-        gathers = 2 * collective_time("all_gather", BF16 * held, shards, dp_link)
-        dp += m * max(0.0, gathers - compute)
+        gathers = 2 * pieces * collective_time("all_gather", v * held / pieces, shards, dp_link)
+        dp += m * max(0.0, gathers - hide * compute)
     shard = held / (shards if layout.zero >= 1 else 1)
     if layout.offload:
-        pcie = 2 * collective_time("send", BF16 * shard, 2, cluster.host)
+        pcie = 2 * collective_time("send", v * shard, 2, cluster.host)
         optimizer = pcie + 28 * shard / (cluster.host_bandwidth / cluster.gpus_per_node)
     else:
         optimizer = 32 * shard / cluster.accelerator.memory_bandwidth
     parts = {"compute": m * compute, "bubble": (layout.pp - 1) / layout.virtual * slot}
     parts.update(tp=m * tp, cp=m * cp, ep=m * ep, pp=m * p2p, dp=dp, optimizer=optimizer)
-    parts["total"] = pipeline + dp + optimizer
+    critical = pipeline + dp + optimizer  # the critical path, every rank at its full speed
+    threads = layout.world * cluster.threads
+    shared = 0.0
+    if cluster.cores and threads > cluster.cores:
+        # more rank threads than cores: they take turns. The machine's CPU work (each rank's compute and
+        # optimizer step) spread over its cores, plus the waits on messages, may outlast the critical path;
+        # a pipeline's idle ranks give their core to the busy ones, so its bubble costs less than on GPUs
+        work = (m * compute + optimizer) * threads / cluster.cores
+        shared = max(0.0, work + m * (tp + cp + ep + p2p) + dp - critical)
+    parts["shared cores"] = shared
+    parts["total"] = critical + shared
     return parts

@@ -130,7 +130,7 @@ def evaluate(
     """The predicted memory, step time and MFU of one layout."""
     if layout.world != cluster.world_size:
         raise ValueError(f"layout {layout} uses {layout.world} ranks; the cluster has {cluster.world_size}")
-    memory = memory_per_rank(cfg, layout, batch, flash=flash)
+    memory = memory_per_rank(cfg, layout, batch, flash=flash, precision=cluster.precision)
     time = step_time(cfg, layout, batch, cluster)
     model_flops = flops_per_token(cfg, active_matmul_parameters(cfg), batch.seq_len) * batch.sequences * batch.seq_len
     mfu = model_flops / (time["total"] * cluster.world_size * cluster.accelerator.peak_flops_16bit)
@@ -197,7 +197,8 @@ def _sources(cluster: Cluster) -> dict[str, str]:
     return {
         "compute": f"(6N + 12LTd) FLOPs per token at {cluster.efficiency:.0%} of {acc.name}'s peak "
         f"({acc.peak_flops_16bit / 1e12:.0f} TFLOP/s, {acc.source}); efficiency: {cluster.efficiency_source}",
-        "memory": "ZeRO §3.1 model states; Korthikanti et al. 2022 Table 2 activations; bf16 + fp32 logits",
+        "memory": "ZeRO §3.1 model states; Korthikanti et al. 2022 Table 2 activations; "
+        + ("bf16 + fp32 logits" if cluster.precision == "bf16" else "fp32 throughout"),
         "intra": f"{cluster.intra.name}: {cluster.intra.bandwidth / 1e9:.0f} GB/s per direction ({cluster.intra.source})",
         "inter": f"{cluster.inter.name}: {cluster.inter.bandwidth / 1e9:.1f} GB/s per direction ({cluster.inter.source})",
         "latency": cluster.notes,
