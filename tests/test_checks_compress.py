@@ -7,6 +7,7 @@ from llmedu.checks.compress import (
     check_distillation_loss,
     check_int8_size_ratio,
     check_nf4_bytes,
+    check_soft_target_gradient,
     check_two_four_mask,
 )
 
@@ -68,3 +69,15 @@ def test_distillation_loss_grader():
     assert not check_distillation_loss(  # summed over the batch, not averaged
         lambda s, t, T: T**2 * F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), reduction="sum")
     )
+
+
+def test_soft_target_gradient_grader():
+    def right(s, t, T):
+        p, q = F.softmax(t / T, -1), F.softmax(s / T, -1)
+        return T * (q - p) / s.shape[0]  # T^2 x (q - p) / T, averaged over the batch
+
+    assert check_soft_target_gradient(right)
+    assert not check_soft_target_gradient(lambda s, t, T: right(s, t, T) / T**2)  # the loss without its T^2
+    assert not check_soft_target_gradient(lambda s, t, T: right(s, t, T) * T)  # forgets the 1/T of the chain rule
+    assert not check_soft_target_gradient(lambda s, t, T: -right(s, t, T))  # p - q: the sign of a gradient ascent
+    assert not check_soft_target_gradient(lambda s, t, T: right(s, t, T) * s.shape[0])  # summed, not averaged

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from safetensors.torch import save
 
@@ -18,6 +19,11 @@ def test_int8_embedding_is_within_half_a_step_of_each_row(tiny_bert):
     error = (q(IDS) - table(IDS)).abs()  # (B, T, d)
     assert (error <= step[IDS][..., None] / 2 + 1e-7).all()  # rounding: half a step, plus fp32 slack
     assert q.weight_q.dtype == torch.int8
+    from llmedu.compress import int8
+
+    assert compare.Int8Embedding is int8.Int8Embedding  # it lives in int8.py; the old import still works
+    with pytest.raises(TypeError, match="quantizes an nn.Embedding"):
+        int8.Int8Embedding(torch.nn.Linear(4, 4))
 
 
 def test_file_bytes_is_the_safetensors_length_or_torch_save(tiny_bert):
@@ -66,3 +72,32 @@ def test_nf4_copy_is_close_and_smaller(tiny_bert):
     relative = (a - b).norm() / b.norm()  # LayerNorm outputs, O(1)
     assert 0 < relative < 0.2  # 4 bits with 16 levels per block: about 10% per weight, not exact
     assert compare.file_bytes(nf4)[0] < compare.file_bytes(tiny_bert)[0]
+
+
+def test_lesson_base_takes_the_full_recipe_when_cached_and_says_so(monkeypatch, capsys):
+    from llmedu.compress import finetuned
+
+    monkeypatch.setattr(finetuned, "finetuned_classifier", lambda recipe, verbose=True: f"model of {recipe.key()}")
+    monkeypatch.setattr(finetuned, "is_cached", lambda recipe: False)
+    assert finetuned.lesson_base(fast=True)[1] == finetuned.FAST_RECIPE
+    assert "fast mode's short recipe" in capsys.readouterr().out
+    assert finetuned.lesson_base(fast=False, verbose=False)[1] == finetuned.Recipe()  # full mode trains it
+    monkeypatch.setattr(finetuned, "is_cached", lambda recipe: recipe == finetuned.Recipe())
+    model, recipe = finetuned.lesson_base(fast=True)
+    assert recipe == finetuned.Recipe() and model == f"model of {recipe.key()}"
+    assert "the full recipe" in capsys.readouterr().out
+    assert finetuned.FAST_RECIPE.key() != finetuned.Recipe().key()
+
+
+def test_a_cached_base_counts_only_while_its_checksum_holds(monkeypatch, tmp_path):
+    from llmedu.compress import finetuned
+    from llmedu.data.cache import write_derived
+
+    monkeypatch.setenv("LLMEDU_DATA", str(tmp_path))
+    recipe = finetuned.Recipe(steps=3, seed=7)
+    assert not finetuned.is_cached(recipe)
+    path = tmp_path / "compress" / f"minilm-rt-{recipe.key()}.safetensors"
+    write_derived(path, save({"w": torch.zeros(2)}))
+    assert finetuned.is_cached(recipe)
+    path.write_bytes(path.read_bytes()[:-1])  # truncated
+    assert not finetuned.is_cached(recipe)

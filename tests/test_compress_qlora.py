@@ -42,6 +42,22 @@ def test_backward_keeps_no_dequantized_weight():
     assert not any(p.requires_grad for p in layer.parameters())
 
 
+def test_the_double_quant_mean_is_a_buffer_saved_and_moved_with_the_layer():
+    torch.manual_seed(0)
+    layer = NF4Linear(nn.Linear(128, 64), compute_dtype=torch.float32)
+    state = layer.state_dict()
+    assert state["absmax_offset"].shape == () and state["absmax_offset"].item() != 0  # the mean of the absmaxes
+    # a layer quantized from other weights, given this state, computes exactly what this one does
+    other = NF4Linear(nn.Linear(128, 64), compute_dtype=torch.float32)
+    x = torch.randn(3, 128)
+    assert not torch.equal(other(x), layer(x))
+    other.load_state_dict(state)
+    assert torch.equal(other(x), layer(x))
+    assert layer.to("meta").absmax_offset.device.type == "meta"  # .to() moves it with the codes
+    no_dq = NF4Linear(nn.Linear(128, 64), double_quant=False, compute_dtype=torch.float32)
+    assert no_dq.absmax_offset is None and "absmax_offset" not in no_dq.state_dict()
+
+
 def test_qlora_starts_as_the_quantized_base_and_trains_only_the_adapters():
     torch.manual_seed(0)
     base = NF4Linear(nn.Linear(64, 32), compute_dtype=torch.float32)

@@ -10,6 +10,8 @@ check_two_four_mask(fn)        fn(weight (out, in)) -> bool keep-mask: in each g
                                the 2 of largest magnitude (``llmedu.compress.pruning.nm_mask``)
 check_distillation_loss(fn)    fn(student_logits, teacher_logits, T) -> T^2 KL(softmax(t/T) || softmax(s/T)),
                                averaged over the batch (Hinton et al. 2015)
+check_soft_target_gradient(fn) fn(student_logits, teacher_logits, T) -> d L_soft / d student_logits, by the
+                               derivation, not autograd: T^2 * (q - p) / T / B, with p, q the softmaxes at T
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from llmedu.checks.core import CheckResult, Grader
 from llmedu.compress.distillation import soft_target_loss
 from llmedu.compress.pruning import nm_mask
 
-__all__ = ["check_nf4_bytes", "check_int8_size_ratio", "check_two_four_mask", "check_distillation_loss"]
+__all__ = [
+    "check_nf4_bytes",
+    "check_int8_size_ratio",
+    "check_two_four_mask",
+    "check_distillation_loss",
+    "check_soft_target_gradient",
+]
 
 SECOND_LEVEL_BLOCK = 256  # first-level scales per fp32 second-level scale (QLoRA's choice)
 
@@ -85,4 +93,20 @@ def check_distillation_loss(fn) -> CheckResult:
             s, t = torch.randn(B, C, generator=gen) * 3, torch.randn(B, C, generator=gen) * 3
             got = g.call(fn, s.clone(), t.clone(), T)
             g.compare(f"logits ({B}, {C}), T={T}", got, soft_target_loss(s, t, T), atol=1e-5, rtol=1e-5)
+    return g.result()
+
+
+def check_soft_target_gradient(fn) -> CheckResult:
+    """The gradient is compared with autograd's through ``soft_target_loss``; the learner must not use autograd."""
+    g = Grader("check_soft_target_gradient")
+    gen = torch.Generator().manual_seed(2)
+    for B, C in [(1, 2), (4, 3), (8, 5)]:
+        for T in (1.0, 2.0, 8.0):
+            s, t = torch.randn(B, C, generator=gen) * 3, torch.randn(B, C, generator=gen) * 3
+            leaf = s.clone().requires_grad_()
+            (expected,) = torch.autograd.grad(soft_target_loss(leaf, t, T), leaf)
+            with torch.no_grad():
+                got = g.call(fn, s.clone(), t.clone(), T)
+            # fp32 softmaxes of O(1) logits: a few ulps each, 1e-6 absolute is ample
+            g.compare(f"logits ({B}, {C}), T={T}", got, expected, atol=1e-6, rtol=1e-5)
     return g.result()

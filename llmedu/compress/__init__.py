@@ -2,7 +2,8 @@
 
 int8          symmetric/asymmetric integer quantization, per-tensor or per-channel; ``QuantLinear``:
               int8 weights, dynamic int8 activations, an int8 x int8 -> int32 matmul (``torch._int_mm``);
-              equal to ``torch.ao.quantization.quantize_dynamic`` in codes and outputs (Jacob et al. 2018)
+              equal to ``torch.ao.quantization.quantize_dynamic`` in codes and outputs (Jacob et al. 2018);
+              ``Int8Embedding``: an embedding table as int8 rows with one scale each
 llm_int8      vector-wise int8 matmul with the outlier columns in floating point; outlier features of a
               real model, measured (Dettmers et al. 2022)
 smoothquant   migrate activation outliers into the weights, folded into the LayerNorm (Xiao et al. 2023)
@@ -20,7 +21,7 @@ finetuned, baselines, compare
 
 from .distillation import DistillationLoss, make_student, soft_target_loss
 from .gptq import gptq_quantize, hessian, layer_error, rtn_quantize
-from .int8 import QuantLinear, dequantize, int8_matmul, qrange, quantize, quantize_linears
+from .int8 import Int8Embedding, QuantLinear, dequantize, int8_matmul, qrange, quantize, quantize_linears
 from .llm_int8 import LLMInt8Linear, llm_int8_matmul, outlier_columns, outlier_features, vectorwise_int8_matmul
 from .nf4 import NF4Tensor, dequantize_nf4, nf4_bits_per_parameter, nf4_code, quantize_nf4
 from .pruning import head_importance, magnitude_masks, nm_mask, remove_heads
@@ -35,6 +36,7 @@ __all__ = [
     "int8_matmul",
     "QuantLinear",
     "quantize_linears",
+    "Int8Embedding",
     # llm_int8
     "outlier_columns",
     "vectorwise_int8_matmul",

@@ -34,6 +34,7 @@ from torch import nn
 from . import pruning
 from .distillation import DistillationLoss, make_student
 from .finetuned import Batches, accuracy, classification_loss
+from .int8 import Int8Embedding
 
 __all__ = [
     "Row",
@@ -98,22 +99,6 @@ def measure(method: str, detail: str, model: nn.Module, data: Batches, batch: di
 
 def to_bf16(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).to(torch.bfloat16)
-
-
-class Int8Embedding(nn.Module):
-    """An embedding table stored as int8 rows, each with its fp32 scale (absmax / 127): a lookup
-    gathers the codes and scales of the ids and multiplies, so the table is never made fp32 whole."""
-
-    def __init__(self, embedding: nn.Embedding):
-        super().__init__()
-        w = embedding.weight.detach()  # (V, d)
-        scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127  # (V, 1)
-        self.register_buffer("weight_q", torch.round(w / scale).to(torch.int8))  # (V, d)
-        self.register_buffer("scale", scale)
-        self.padding_idx = embedding.padding_idx
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, d)
-        return self.weight_q[ids].float() * self.scale[ids]
 
 
 def int8_embeddings(model: nn.Module) -> nn.Module:

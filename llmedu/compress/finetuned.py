@@ -10,6 +10,15 @@ Also here, because every method needs them: the tokenizer, the two splits encode
 (``Batches``), and ``accuracy``. The model is ``transformers``' ``BertForSequenceClassification`` (a
 new 2-way head on the pooled ``[CLS]`` state), the same one lesson 17 fine-tunes.
 
+How fast it learns (measured here, lr 5e-5, batch 32, on 320 validation snippets): 56% after 20 steps,
+72% after 40, 76% after 60 (the majority class: 53% of the whole split). The head reads the pooled
+``[CLS]`` state, which all-MiniLM-L6-v2 was not trained to make meaningful (its sentence embedding is
+the mean over tokens: ``1_Pooling/config.json``), so a short run first learns the label prior: 40 steps
+of 16 snippets at 5e-5 answer "positive" for every snippet of a validation batch. ``FAST_RECIPE`` is a
+cheap recipe that does learn (twice the rate, snippets cut at 32 tokens: 76.8% on the 1,285 validation
+snippets, measured once here, made in about 5 minutes on 2 busy cores), for fast mode;
+``lesson_base`` returns the full recipe's model whenever it is cached, and says which one it returns.
+
 Left out: a learning-rate search (the rate is lesson 17's full fine-tuning rate) and evaluation during
 training. Re-running a recipe on other hardware gives weights equal to a float tolerance, not bitwise.
 """
@@ -29,11 +38,14 @@ from ..data.cache import cache_dir, read_derived, write_derived
 
 __all__ = [
     "Recipe",
+    "FAST_RECIPE",
     "Batches",
     "tokenizer",
     "rotten_tomatoes",
     "new_classifier",
     "finetuned_classifier",
+    "is_cached",
+    "lesson_base",
     "accuracy",
     "state_bytes",
 ]
@@ -51,6 +63,9 @@ class Recipe:
         """The first 12 hex digits of the sha256 of the recipe: the cache file's name."""
         text = json.dumps({"model": "all-minilm-l6-v2", **asdict(self)}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+FAST_RECIPE = Recipe(steps=100, batch_size=16, max_len=32, lr=1e-4)  # fast mode's base: 1,600 snippets
 
 
 def tokenizer():
@@ -113,11 +128,33 @@ def classification_loss(model, batch) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, batch["labels"])
 
 
+def _path(recipe: Recipe):
+    return cache_dir() / "compress" / f"minilm-rt-{recipe.key()}.safetensors"
+
+
+def is_cached(recipe: Recipe) -> bool:
+    """Whether ``recipe``'s model is in the cache and matches its recorded sha256."""
+    return read_derived(_path(recipe)) is not None
+
+
+def lesson_base(fast: bool, verbose: bool = True):
+    """(model, recipe) for lesson 20 and the benchmark: ``Recipe()``'s model when it is cached or
+    ``fast`` is False (then it is trained), else ``FAST_RECIPE``'s; ``verbose`` prints which."""
+    recipe = Recipe() if not fast or is_cached(Recipe()) else FAST_RECIPE
+    if verbose:
+        which = "the full recipe" if recipe == Recipe() else "fast mode's short recipe (the full one is not cached)"
+        print(f"base: {which}, {recipe}", flush=True)
+    return finetuned_classifier(recipe, verbose), recipe
+
+
 def finetuned_classifier(recipe: Recipe = Recipe(), verbose: bool = True):
-    """The fine-tuned model of ``recipe``, in eval mode: from the cache, or trained now and cached."""
+    """The fine-tuned model of ``recipe``, in eval mode: from the cache, or trained now and cached.
+
+    The cached file is read as safetensors (plain tensors, never unpickled) and only while its sha256
+    matches the one recorded beside it."""
     from ..train.loop import TrainConfig, train
 
-    path = cache_dir() / "compress" / f"minilm-rt-{recipe.key()}.safetensors"
+    path = _path(recipe)
     torch.manual_seed(recipe.seed)
     model = new_classifier()
     cached = read_derived(path)

@@ -25,6 +25,9 @@ result is ``s_x s_w (Q_x - z_x) Q_w^T + b``; the zero point comes out as a corre
 with ``per_channel_dynamic_qconfig``; quint8 reduce-range activations), down to the rounding: the tests
 find the same integer codes on MiniLM, and outputs equal to float32 rounding.
 
+``Int8Embedding`` stores an embedding table the same way, weight-only: int8 rows with one fp32 scale
+each (absmax / 127). A lookup reads no matmul, so there is nothing to quantize on the activation side.
+
 Left out: static (calibrated) activation quantization, quantization-aware training, int4 kernels.
 """
 
@@ -41,6 +44,7 @@ __all__ = [
     "int8_matmul",
     "QuantLinear",
     "quantize_linears",
+    "Int8Embedding",
 ]
 
 SUPPORTED_BITS = tuple(range(2, 9))  # codes stored in one (u)int8 byte each
@@ -151,10 +155,13 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # (N, d_in)
         xq, sx, zx = quantize(x2, bits=7, symmetric=False)  # codes 0..127: they fit in int8
         acc = int8_matmul(xq.to(torch.int8), self.weight_q.t())  # (N, d_out) int32
-        acc = acc - zx.to(torch.int32) * self.weight_rowsum  # remove the zero point's share, still exact
-        y = acc.float() * (sx * self.weight_scale)  # (N, d_out)
+        # The epilogue works in place: at N = 2048 rows an (N, d_out) tensor is 12 MB, and each new one costs
+        # a trip through memory (measured: 17 ms of a 26 ms layer made of out-of-place steps, the int8
+        # matmul itself 6 ms). Same operations in the same order, so the same numbers.
+        acc.sub_(zx.to(torch.int32) * self.weight_rowsum)  # remove the zero point's share, still exact
+        y = acc.float().mul_(sx * self.weight_scale)  # (N, d_out)
         if self.bias is not None:
-            y = y + self.bias
+            y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -175,3 +182,21 @@ def quantize_linears(model: nn.Module, per_channel: bool = False) -> list[str]:
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, child, QuantLinear.from_linear(getattr(owner, child), per_channel))
     return names
+
+
+class Int8Embedding(nn.Module):
+    """An embedding table stored as int8 rows, each with its fp32 scale (absmax / 127): a lookup
+    gathers the codes and scales of the ids and multiplies, so the table is never made fp32 whole."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        if not isinstance(embedding, nn.Embedding):
+            raise TypeError(f"Int8Embedding quantizes an nn.Embedding, got {type(embedding).__name__}")
+        w = embedding.weight.detach()  # (V, d)
+        scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127  # (V, 1)
+        self.register_buffer("weight_q", torch.round(w / scale).to(torch.int8))  # (V, d)
+        self.register_buffer("scale", scale)
+        self.padding_idx = embedding.padding_idx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, d)
+        return self.weight_q[ids].float() * self.scale[ids]

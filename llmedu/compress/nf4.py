@@ -69,7 +69,7 @@ class NF4Tensor:
     absmax: torch.Tensor | None = None  # (n_blocks,) fp32, without double quantization
     absmax_codes: torch.Tensor | None = None  # (n_blocks,) uint8 codes of absmax - offset, with it
     absmax_scales: torch.Tensor | None = None  # (ceil(n_blocks / dq_block_size),) fp32
-    absmax_offset: float = 0.0  # the mean of the absmaxes, subtracted before their quantization
+    absmax_offset: float | torch.Tensor = 0.0  # the mean of the absmaxes, subtracted before their quantization
     dq_block_size: int = 256
 
     @property

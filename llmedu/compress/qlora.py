@@ -71,11 +71,15 @@ class NF4Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = compute_dtype
         t = quantize_nf4(linear.weight, block_size, double_quant)
-        self.block_size, self.dq_block_size, self.absmax_offset = t.block_size, t.dq_block_size, t.absmax_offset
+        self.block_size, self.dq_block_size = t.block_size, t.dq_block_size
         self.register_buffer("packed", t.packed)  # (d_out * d_in / 2,) uint8
         self.register_buffer("absmax", t.absmax)  # (n_blocks,) fp32, or None with double quantization
         self.register_buffer("absmax_codes", t.absmax_codes)  # (n_blocks,) uint8, or None
         self.register_buffer("absmax_scales", t.absmax_scales)  # (n_blocks / 256,) fp32, or None
+        # the mean the double-quantized scales were stored around: a buffer (a 0-d fp32 tensor), not a
+        # Python float, so that it moves with .to() and is saved in the state dict like the codes it belongs to
+        offset = torch.tensor(t.absmax_offset, dtype=torch.float32) if t.double_quant else None
+        self.register_buffer("absmax_offset", offset)  # () fp32, or None without double quantization
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(compute_dtype).clone())
 
     def nf4(self) -> NF4Tensor:
@@ -86,7 +90,7 @@ class NF4Linear(nn.Module):
             self.absmax,
             self.absmax_codes,
             self.absmax_scales,
-            self.absmax_offset,
+            0.0 if self.absmax_offset is None else self.absmax_offset,
             self.dq_block_size,
         )
 
