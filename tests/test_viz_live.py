@@ -76,6 +76,26 @@ def test_close_saves_a_static_figure(tmp_path):
         mon.log(2, loss=0.1)
 
 
+def test_sharey_puts_scalar_panels_on_one_range_and_reference_lines_on_each():
+    def panels(**kw):
+        mon = LiveMonitor(live=False, **kw)
+        for i in range(4):
+            mon.log(i, flat=0.69 + 0.001 * i, falling=2.0 - 0.4 * i, memory={"a": 1.0})
+        return mon.figure().get_axes()
+
+    own = panels()  # default: each panel its own range, so the flat series fills its panel
+    assert own[0].get_ylim()[1] - own[0].get_ylim()[0] < 0.01
+    flat, falling, memory = panels(sharey=True, reference={"chance, ln 2": math.log(2)})
+    assert flat.get_ylim() == falling.get_ylim()  # one range for the scalar series
+    assert falling.get_ylim()[0] <= 0.69 and falling.get_ylim()[1] >= 2.0
+    assert memory.get_ylim() != flat.get_ylim()  # stacked panels keep their own
+    for ax in (flat, falling):
+        (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "chance, ln 2"]
+        assert line.get_ydata()[0] == pytest.approx(math.log(2))
+    with pytest.raises(TypeError, match="single numbers"):
+        LiveMonitor(reference={"x": {"a": 1.0}})
+
+
 def test_bad_input_is_refused():
     mon = LiveMonitor(live=False)
     with pytest.raises(ValueError, match="at least one metric"):

@@ -54,6 +54,11 @@ class LiveMonitor:
         min_interval: never redraw more often than this many seconds.
         save: a path; ``close()`` writes the final figure there (PNG, SVG or PDF by extension).
         live: redraw while running (default: only in a notebook). The final figure is always drawn.
+        sharey: put every scalar panel on one y-range, so that series in different panels can be
+            compared by eye (the default gives each panel its own range, which makes a flat series
+            look as steep as a falling one).
+        reference: horizontal lines drawn on every scalar panel, name -> value (e.g. the loss of
+            guessing, ``{"chance, ln 2": 0.693}``): the baseline a reader needs to judge a curve.
         clock: the time function, replaceable in tests.
     """
 
@@ -66,6 +71,8 @@ class LiveMonitor:
         min_interval: float = 0.5,
         save: str | None = None,
         live: bool | None = None,
+        sharey: bool = False,
+        reference: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         if not 0 < overhead < 1:
@@ -77,6 +84,10 @@ class LiveMonitor:
         self.save = save
         self.notebook = _in_notebook()
         self.live = self.notebook if live is None else live
+        self.sharey = sharey
+        self.reference = {name: _check_value(name, value) for name, value in (reference or {}).items()}
+        if any(isinstance(v, dict) for v in self.reference.values()):
+            raise TypeError("reference lines are single numbers, name -> value")
         self.clock = clock
         self.steps: list[float] = []
         self.history: dict[str, list] = {}
@@ -120,9 +131,13 @@ class LiveMonitor:
         fig = Figure(figsize=(4.2 * cols, 3.0 * rows), layout="constrained")
         if self.title:
             fig.suptitle(self.title)
+        shared = None  # the first scalar panel, whose y-range the others share when sharey is set
         for i, name in enumerate(names):
-            ax = fig.add_subplot(rows, cols, i + 1)
             series = self.history[name]
+            scalar = not isinstance(series[0], dict)
+            ax = fig.add_subplot(rows, cols, i + 1, sharey=shared if scalar and self.sharey else None)
+            if scalar and shared is None:
+                shared = ax
             if isinstance(series[0], dict):
                 keys = list(dict.fromkeys(k for point in series for k in point))
                 bands = [[point.get(k, 0.0) for point in series] for k in keys]
@@ -131,6 +146,10 @@ class LiveMonitor:
                 ax.set_title(name, fontsize="medium")
             else:
                 ax.plot(self.steps, series)
+                for j, (label, value) in enumerate(self.reference.items()):
+                    ax.axhline(value, color=f"C{j + 1}", linestyle="--", linewidth=1, label=label)
+                if self.reference:
+                    ax.legend(loc="best", fontsize="small")
                 last = next((v for v in reversed(series) if not math.isnan(v)), math.nan)
                 ax.set_title(f"{name}: {last:.4g}", fontsize="medium")
             ax.set_xlabel(self.xlabel)
