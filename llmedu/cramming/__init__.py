@@ -6,15 +6,28 @@ pretrain    pretrain(out, PretrainRun(recipe, budget_seconds)): data prepared ou
             course's trainer, checkpoints that resume exactly, a JSON summary
 finetune    finetune(run, "rotten_tomatoes"): fixed settings (FIXED, or the authors' AUTHORS),
             pretrained or random weights
+evaluate    the fair protocol: fixed splits, a dev-chosen learning rate, seeds on test, label-efficiency
+            curves, the task average
+encoders    the models the protocol scores: our encoder fine-tuned, MiniLM, linear probes, baselines
+calibration the rows a reader needs: majority class, TF-IDF + logistic regression, unigram cross-entropy
+dedup       duplicate documents and repeated lines dropped from the pretraining text
+target      time_to_target: when a run's held-out loss first reached a target
+study       run_study: every model on every task, one JSON for the lesson
 
 python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
 python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
+python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json
 python -m llmedu.cramming bench
 """
 
+from .calibration import unigram_cross_entropy
+from .dedup import deduplicate
+from .evaluate import TASKS, label_efficiency, make_splits, protocol, task_average
 from .finetune import AUTHORS, FIXED, FinetuneSettings, finetune
 from .pretrain import PretrainRun, load_pretrained, load_run, pretrain
 from .recipe import ABLATIONS, Recipe, crammed, original_bert, parse_budget
+from .study import StudyConfig, run_study
+from .target import time_to_target
 
 __all__ = [
     "ABLATIONS",
@@ -23,11 +36,21 @@ __all__ = [
     "FinetuneSettings",
     "PretrainRun",
     "Recipe",
+    "StudyConfig",
+    "TASKS",
     "crammed",
+    "deduplicate",
     "finetune",
+    "label_efficiency",
     "load_pretrained",
     "load_run",
+    "make_splits",
     "original_bert",
     "parse_budget",
     "pretrain",
+    "protocol",
+    "run_study",
+    "task_average",
+    "time_to_target",
+    "unigram_cross_entropy",
 ]

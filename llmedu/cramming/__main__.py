@@ -1,9 +1,11 @@
-"""``python -m llmedu.cramming {pretrain,finetune,bench}``: the capstone from the command line.
+"""``python -m llmedu.cramming {pretrain,finetune,evaluate,bench}``: the capstone from the command line.
 
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
     python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
     python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes --from-scratch  # the control
+    python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json  # issue #26's protocol
+    python -m llmedu.cramming evaluate --runs crammed=runs/c original=runs/o --pretrain 1h --out runs/eval.json
     python -m llmedu.cramming bench
 
 Progress goes to stderr; the last line of stdout is one line of JSON with the command's key figures.
@@ -21,9 +23,11 @@ from pathlib import Path
 from .. import runtime
 from ..data import available_corpora
 from ..data.classification import available_classification
+from .evaluate import TASKS
 from .finetune import FIXED, SETTINGS, finetune
 from .pretrain import CORPORA, PretrainRun, pretrain
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
+from .study import StudyConfig, pretrain_for_study, run_study
 
 
 def _budget(text: str) -> float:
@@ -81,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps between checkpoints")
     p.add_argument(
+        "--dedup",
+        action="store_true",
+        help="drop duplicate documents and repeated lines first (counted in the summary)",
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=None, help="also measure the held-out MLM loss every this many steps"
+    )
+    p.add_argument(
         "--resume", action="store_true", help="continue the interrupted run in --out from its latest checkpoint"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the batch order and the masks")
@@ -121,6 +133,37 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0, help="seed of the classifier head and the batch order")
     f.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
+    e = commands.add_parser(
+        "evaluate", help="the fair protocol on three tasks, with calibration rows; one JSON (study.py)"
+    )
+    e.add_argument(
+        "--runs",
+        nargs="+",
+        required=True,
+        help="NAME=FOLDER of each pretraining run (FOLDER alone: its name). With --pretrain, a missing "
+        "folder is pretrained first: the original recipe when NAME is 'original', else the crammed one",
+    )
+    e.add_argument("--out", required=True, help="the results JSON (rewritten after every task)")
+    e.add_argument("--tasks", nargs="+", default=list(StudyConfig.tasks), choices=sorted(TASKS))
+    e.add_argument("--lrs", nargs="+", type=float, default=list(StudyConfig.lrs), help="the sweep, the same for all")
+    e.add_argument("--seeds", nargs="+", type=int, default=list(StudyConfig.seeds))
+    e.add_argument(
+        "--label-sizes",
+        nargs="*",
+        default=[str(n or "all") for n in StudyConfig.label_sizes],
+        help="training-label budgets of the label-efficiency curve ('all' for every label; none: no curve)",
+    )
+    e.add_argument("--epochs", type=int, default=StudyConfig.epochs, help="fine-tuning epochs, 1 to 5")
+    e.add_argument("--max-train", type=int, default=None, help="cap each task's train split (quick runs)")
+    e.add_argument("--max-eval", type=int, default=None, help="cap each task's dev and test splits (quick runs)")
+    e.add_argument("--no-minilm", action="store_true", help="leave out the MiniLM rows")
+    e.add_argument("--pretrain", type=_budget, default=None, help="budget for the runs whose folder is missing")
+    e.add_argument("--shape", choices=("auto", "tiny", "cpu", "cuda"), default="auto", help="of the runs pretrained")
+    e.add_argument("--max-chars", type=int, default=None, help="of each corpus, for the runs pretrained")
+    e.add_argument("--tokenizer-chars", type=int, default=400_000)
+    e.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations while pretraining")
+    e.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
     )
@@ -150,6 +193,46 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _evaluate(args, device) -> dict:
+    runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
+    sizes = tuple(None if n == "all" else int(n) for n in args.label_sizes)
+    config = StudyConfig(
+        tasks=tuple(args.tasks),
+        lrs=tuple(args.lrs),
+        seeds=tuple(args.seeds),
+        label_sizes=sizes,
+        epochs=args.epochs,
+        max_train=args.max_train,
+        max_eval=args.max_eval,
+        minilm=not args.no_minilm,
+    )
+    for name, folder in runs.items():
+        if (Path(folder) / "run.json").is_file():
+            continue
+        if args.pretrain is None:
+            raise FileNotFoundError(f"{folder} holds no pretraining run: pretrain it, or pass --pretrain BUDGET")
+        shape = _shape(args.shape, device)
+        recipe = (original_bert if name == "original" else crammed)(**shape)
+        pretrain_for_study(
+            folder,
+            recipe,
+            args.pretrain,
+            config.tasks,
+            eval_every=args.eval_every,
+            max_chars=args.max_chars,
+            device=device,
+            tokenizer_chars=args.tokenizer_chars,
+        )
+    results = run_study(runs, config, out=args.out)
+    return {"out": args.out, "average": {k: round(v["mean"], 4) for k, v in results["average"].items()}}
+
+
+def _shape(name: str, device) -> dict:
+    return {"tiny": TINY_SHAPE, "cpu": {}, "cuda": CUDA_SHAPE}[
+        name if name != "auto" else "cuda" if device.type == "cuda" else "cpu"
+    ]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = build_parser()
     args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else argv))
@@ -158,9 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     except (ValueError, RuntimeError) as error:
         parser.error(f"--device: {error}")
     if args.command == "pretrain":
-        shape = {"tiny": TINY_SHAPE, "cpu": {}, "cuda": CUDA_SHAPE}[
-            args.shape if args.shape != "auto" else "cuda" if device.type == "cuda" else "cpu"
-        ]
+        shape = _shape(args.shape, device)
         sizes = {k: v for k, v in (("micro_batch", args.micro_batch), ("accumulation", args.accumulation)) if v}
         recipe = (crammed if args.recipe == "crammed" else original_bert)(**{**shape, **sizes})
         run = PretrainRun(
@@ -170,6 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
             corpora=args.corpora,
             max_chars=args.max_chars,
             seed=args.seed,
+            dedup=args.dedup,
         )
         result = pretrain(
             args.out,
@@ -178,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
             device=device,
             tokenizer_chars=args.tokenizer_chars,
             checkpoint_every=args.checkpoint_every,
+            eval_every=args.eval_every,
         )
         result.pop("history")
     elif args.command == "finetune":
@@ -196,6 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
             device=device,
             seed=args.seed,
         )
+    elif args.command == "evaluate":
+        result = _evaluate(args, device)
     else:
         result = _bench(args)
     print(json.dumps(result), flush=True)

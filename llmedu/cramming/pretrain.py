@@ -16,8 +16,14 @@ Sparse prediction (the paper's sec. 4.3): the MLM head is a dense layer, a norm 
 matmul per position, but only the ~15% masked positions carry a loss. Running the head on those
 rows alone gives the same loss and gradients, and skips about 85% of the largest matmul.
 
-Left out: the paper's evaluation of the MLM loss on held-out data during training (we evaluate once,
-at the end), and multi-GPU runs.
+Passes over the data (issue #26): the summary states the training split's packed tokens
+(``corpus_tokens``), the tokens read across resumes (``tokens_seen``) and their ratio (``passes``): a run
+that reads its data eight times is a repeated-data result. ``PretrainRun(dedup=True)`` trains on the
+text less exact duplicate documents and repeated lines (``dedup.py``), and the summary says how much
+went. ``eval_every=N`` measures the held-out MLM loss every N steps (outside the budget's clock) into
+``val_history``, which ``target.time_to_target`` reads.
+
+Left out: multi-GPU runs.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from ..models.counting import count_parameters, flops_per_token, matmul_paramete
 from ..tokenizers import WordPieceTokenizer
 from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
+from .dedup import dedup_counts, deduplicated_rows
 from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule
 
 __all__ = [
@@ -49,6 +56,7 @@ __all__ = [
     "PretrainRun",
     "pretrain",
     "evaluate_mlm",
+    "passes_over_data",
     "load_run",
     "load_pretrained",
 ]
@@ -62,8 +70,12 @@ def prepare_data(
     max_chars: int | None = None,
     tokenizer_chars: int = 400_000,
     progress: bool = True,
+    dedup: bool = False,
 ):
-    """(tokenizer, train rows, validation rows), all cached: the work done before the clock starts."""
+    """(tokenizer, train rows, validation rows), all cached: the work done before the clock starts.
+
+    ``dedup``: the rows of the deduplicated text (``dedup.deduplicated_rows``), validation against train too.
+    """
     if progress:
         print(
             f"Preparing the data; the budget clock has not started. A WordPiece vocabulary of "
@@ -73,10 +85,21 @@ def prepare_data(
         )
     seq_len = recipe.model.max_seq_len  # rows as long as the model's positions
     tokenizer = train_tokenizer(corpora, recipe.model.vocab_size, sample_chars=tokenizer_chars, progress=progress)
-    train_rows = packed_rows(tokenizer, corpora, "train", seq_len, max_chars, progress=progress)
     val_chars = None if max_chars is None else max(max_chars // 10, 20 * seq_len)
+    if dedup:
+        train_rows = deduplicated_rows(tokenizer, corpora, "train", seq_len, max_chars)
+        val_rows = deduplicated_rows(tokenizer, corpora, "validation", seq_len, val_chars)
+        return tokenizer, train_rows, val_rows
+    train_rows = packed_rows(tokenizer, corpora, "train", seq_len, max_chars, progress=progress)
     val_rows = packed_rows(tokenizer, corpora, "validation", seq_len, val_chars, progress=progress)
     return tokenizer, train_rows, val_rows
+
+
+def passes_over_data(tokens_seen: int, corpus_tokens: int) -> float:
+    """How many times a run read its training text: tokens seen / distinct token positions in the corpus."""
+    if corpus_tokens < 1 or tokens_seen < 0:
+        raise ValueError(f"need corpus_tokens >= 1 and tokens_seen >= 0, got {corpus_tokens} and {tokens_seen}")
+    return tokens_seen / corpus_tokens
 
 
 def mlm_loss_fn(sparse: bool) -> Callable:
@@ -134,6 +157,7 @@ class PretrainRun:
     corpora: tuple[str, ...] = CORPORA
     max_chars: int | None = None  # of each corpus; None: all of it
     seed: int = 0  # of the weights, the batch order and the masks
+    dedup: bool = False  # train on the text less duplicate documents and repeated lines (dedup.py)
 
     def __post_init__(self):
         # checked here, before anything is written: a rejected run must not leave a run.json behind
@@ -175,18 +199,24 @@ def pretrain(
     tokenizer_chars: int = 400_000,
     checkpoint_every: int = 100,
     eval_batches: int = 20,
+    eval_every: int | None = None,
     progress: bool = True,
     callbacks: Iterable[Callable] = (),
 ) -> dict:
     """Pretrain ``run.recipe`` until its budget (seconds) or ``run.max_steps`` is spent; the run folder is ``out``.
 
     Returns the summary (also written to ``out/summary.json``). ``resume=True`` continues an
-    interrupted run from its latest checkpoint; ``run`` must be the saved one.
+    interrupted run from its latest checkpoint; ``run`` must be the saved one. ``eval_every``: also
+    measure the held-out loss (``eval_batches`` batches) every that many steps, into ``val_history``.
     """
+    if eval_every is not None and (not isinstance(eval_every, int) or eval_every < 1):
+        raise ValueError(f"eval_every must be an int >= 1 (steps) or None, got {eval_every!r}")
     out, recipe = Path(out), run.recipe
     _check_folder(out, run, resume)
     device = device or runtime.device()
-    tokenizer, train_rows, val_rows = prepare_data(recipe, run.corpora, run.max_chars, tokenizer_chars, progress)
+    tokenizer, train_rows, val_rows = prepare_data(
+        recipe, run.corpora, run.max_chars, tokenizer_chars, progress, dedup=run.dedup
+    )
     if tokenizer.vocab_size != recipe.model.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} entries, the model {recipe.model.vocab_size}")
     # raises if the data are too small for one batch, before anything is written
@@ -216,6 +246,15 @@ def pretrain(
         progress=progress,
     )
     on_device = lambda i: {k: v.to(device, non_blocking=True) for k, v in data(i).items()}  # noqa: E731
+    enough = len(val_rows) >= recipe.micro_batch
+    val = MLMBatches(val_rows, recipe.micro_batch, tokenizer, seed=12345, **_masking(recipe)) if enough else None
+    val_history = []  # (step, elapsed seconds of training, held-out loss): the clock excludes the evaluation
+
+    def held_out(info) -> None:  # a trainer callback: it runs after the step's time is taken
+        if val is not None and eval_every and info.step % eval_every == 0:
+            loss = evaluate_mlm(model, val, eval_batches, precision, device)
+            val_history.append({"step": info.step, "elapsed": round(info.elapsed, 3), "val_loss": round(loss, 4)})
+
     wall = time.perf_counter()
     history = train(
         model,
@@ -223,15 +262,26 @@ def pretrain(
         on_device,
         mlm_loss_fn(recipe.sparse_prediction),
         config,
-        callbacks=[clock.tick, *callbacks],
+        callbacks=[clock.tick, held_out, *callbacks],
         resume=saved is not None,
     )
     wall = time.perf_counter() - wall
 
-    enough = len(val_rows) >= recipe.micro_batch
-    val = MLMBatches(val_rows, recipe.micro_batch, tokenizer, seed=12345, **_masking(recipe)) if enough else None
     val_loss = evaluate_mlm(model, val, eval_batches, precision, device) if val else None
     summary = _summary(run, model, history, start, device, precision, wall, val_loss)
+    # passes over the data: the trainer's position counts micro-batches across resumes
+    position = json.loads((ckpt.latest(checkpoints) / ckpt.STATE).read_text())["position"]
+    summary["corpus_tokens"] = train_rows.numel()
+    summary["tokens_seen"] = position * recipe.micro_batch * recipe.model.max_seq_len
+    summary["passes"] = round(passes_over_data(summary["tokens_seen"], summary["corpus_tokens"]), 3)
+    if run.dedup:
+        val_chars = None if run.max_chars is None else max(run.max_chars // 10, 20 * recipe.model.max_seq_len)
+        summary["dedup"] = {
+            "train": dedup_counts(run.corpora, "train", run.max_chars),
+            "validation": dedup_counts(run.corpora, "validation", val_chars),
+        }
+    summary["eval_every"] = eval_every
+    summary["val_history"] = val_history
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     summary["history"] = history  # for notebooks: every step; not written to the JSON file
     return summary

@@ -36,7 +36,7 @@ from ..tokenizers import WordPieceTokenizer
 from .cache import cache_dir
 from .corpora import load_documents
 
-__all__ = ["train_tokenizer", "pack", "packed_rows", "mask_tokens", "MLMBatches"]
+__all__ = ["train_tokenizer", "read_documents", "pack", "packed_rows", "mask_tokens", "MLMBatches"]
 
 _FORMAT = "v1"  # bump when the packing changes, so that stale cached rows are not reused
 
@@ -45,7 +45,7 @@ def _key(**fields) -> str:
     return hashlib.sha256(json.dumps({"format": _FORMAT, **fields}, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _documents(corpora: Sequence[str], split: str, max_chars: int | None) -> list[str]:
+def read_documents(corpora: Sequence[str], split: str, max_chars: int | None) -> list[str]:
     """Documents of each corpus in turn; with ``max_chars``, at most that many characters per corpus."""
     if not corpora:
         raise ValueError("name at least one corpus")
@@ -71,7 +71,7 @@ def train_tokenizer(
     path = (cache or cache_dir() / "packing") / f"wordpiece-{_key(c=list(corpora), v=vocab_size, s=sample_chars)}.json"
     if path.is_file():
         return WordPieceTokenizer.load(path)
-    text = "\n\n".join(_documents(corpora, "train", sample_chars))
+    text = "\n\n".join(read_documents(corpora, "train", sample_chars))
     tokenizer = WordPieceTokenizer().train(text, vocab_size, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(path)
@@ -108,7 +108,7 @@ def packed_rows(
     path = (cache or cache_dir() / "packing") / f"rows-{split}-{key}.npy"
     if path.is_file():
         return torch.from_numpy(np.load(path, allow_pickle=False).astype(np.int64))
-    documents = _documents(corpora, split, max_chars)
+    documents = read_documents(corpora, split, max_chars)
     ids = [
         tokenizer.encode(d, add_special_tokens=False)
         for d in tqdm(documents, desc=f"tokenize {split}", unit="doc", disable=not progress)

@@ -1,0 +1,151 @@
+"""The capstone's full evaluation in one call: every encoder and calibration row, every task, one JSON.
+
+    python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json
+    python -m llmedu.cramming evaluate --runs crammed=runs/crammed --pretrain 1h --out runs/evaluation.json
+
+For each task of ``StudyConfig.tasks`` (``evaluate.TASKS``) and each model, ``evaluate.protocol``
+(rate chosen on dev, test over seeds), then ``evaluate.label_efficiency`` at the chosen rate, then
+``evaluate.task_average`` per model: the headline. The models:
+
+* each pretraining run, fine-tuned, and its frozen encoder under a linear probe;
+* random weights of the first run's shape, fine-tuned and probed: the control;
+* all-MiniLM-L6-v2, fine-tuned and probed (``minilm=True``): what far longer pretraining gives;
+* the majority class and TF-IDF + logistic regression.
+
+Every run's pretraining figures go in too: its summary (MLM loss, passes over the data, the
+held-out history if it was recorded) and the unigram cross-entropy of its corpora with its own
+tokenizer, the line an MLM loss plot needs. The JSON is rewritten after every task, so a long run
+that is stopped keeps what it finished.
+
+``--pretrain BUDGET`` pretrains each run folder that does not exist yet with the crammed recipe on
+the corpora that no task's text comes from (``evaluate.check_no_overlap``), deduplicated, with the
+held-out loss recorded every ``eval_every`` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ..data.packing import packed_rows
+from .calibration import unigram_cross_entropy
+from .dedup import deduplicated_rows
+from .encoders import baseline_scorers, encoder_features, finetune_scorer, minilm_features, minilm_scorer, probe_scorer
+from .evaluate import TASKS, check_no_overlap, label_efficiency, make_splits, protocol, task_average
+from .finetune import FIXED
+from .pretrain import CORPORA, PretrainRun, load_run, pretrain
+
+__all__ = ["StudyConfig", "run_study", "pretrain_for_study", "unigram_line"]
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    tasks: tuple[str, ...] = tuple(TASKS)
+    lrs: tuple[float, ...] = (1e-4, 2e-4, 4e-4, 8e-4)  # lesson 22's range: 1e-4 suits pretrained, 4e-4+ random
+    seeds: tuple[int, ...] = (0, 1, 2)
+    label_sizes: tuple[int | None, ...] = (100, 300, 1000, 3000, None)  # None: all the training labels
+    epochs: int = FIXED.epochs
+    dev_fraction: float = 0.1
+    max_train: int | None = None  # cap the train split (after the dev split is taken): for quick runs
+    max_eval: int | None = None  # cap the dev and test splits: for quick runs
+    minilm: bool = True
+
+    def __post_init__(self):
+        for name in self.tasks:
+            if name not in TASKS:
+                raise KeyError(f"unknown task {name!r}; available: {', '.join(TASKS)}")
+        if not self.lrs:
+            raise ValueError("the learning-rate sweep is empty")
+        if len(self.seeds) < 1:
+            raise ValueError("give at least one seed")
+
+
+def unigram_line(run) -> float:
+    """The unigram cross-entropy (nats) of a run's held-out text under its training text, with its tokenizer."""
+    saved = PretrainRun.from_dict(json.loads((Path(run) / "run.json").read_text()))
+    _, tokenizer = load_run(run)
+    seq_len = saved.recipe.model.max_seq_len
+    val_chars = None if saved.max_chars is None else max(saved.max_chars // 10, 20 * seq_len)
+    if saved.dedup:  # the text the run trained on and was measured on
+        train = deduplicated_rows(tokenizer, saved.corpora, "train", seq_len, saved.max_chars)
+        held = deduplicated_rows(tokenizer, saved.corpora, "validation", seq_len, val_chars)
+    else:
+        train = packed_rows(tokenizer, saved.corpora, "train", seq_len, saved.max_chars, progress=False)
+        held = packed_rows(tokenizer, saved.corpora, "validation", seq_len, val_chars, progress=False)
+    special = [tokenizer.vocab[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in tokenizer.vocab]
+    return unigram_cross_entropy(train, held, tokenizer.vocab_size, special)
+
+
+def pretrain_for_study(out, recipe, budget_seconds: float, tasks, eval_every: int = 50, **pretrain_kw) -> dict:
+    """Pretrain ``recipe`` for the study: no corpus that holds a task's text, deduplicated, held-out history."""
+    overlap = {c for name in tasks for c in TASKS[name].overlap}
+    corpora = tuple(c for c in CORPORA if c not in overlap)
+    run = PretrainRun(recipe, budget_seconds, corpora=corpora, dedup=True, max_chars=pretrain_kw.pop("max_chars", None))
+    return pretrain(out, run, eval_every=eval_every, **pretrain_kw)
+
+
+def _models(runs: dict[str, str], config: StudyConfig) -> dict[str, tuple]:
+    """name -> (scorer, sweep): the sweep is the config's rates, or (None,) for models without a rate."""
+    settings = replace(FIXED, epochs=config.epochs)
+    rates, none = config.lrs, (None,)
+    models = {}
+    for name, folder in runs.items():
+        models[name] = (finetune_scorer(folder, settings=settings), rates)
+        models[f"{name}, linear probe"] = (probe_scorer(encoder_features(folder)[0]), none)
+    first = next(iter(runs.values()))
+    models["random init"] = (finetune_scorer(first, from_scratch=True, settings=settings), rates)
+    models["random init, linear probe"] = (probe_scorer(encoder_features(first, from_scratch=True)[0]), none)
+    if config.minilm:
+        models["MiniLM-L6"] = (minilm_scorer(settings), rates)
+        models["MiniLM-L6, linear probe"] = (probe_scorer(minilm_features()[0]), none)
+    for name, scorer in baseline_scorers().items():
+        models[name] = (scorer, none)
+    return models
+
+
+def run_study(runs: dict[str, str], config: StudyConfig = StudyConfig(), out=None, progress: bool = True) -> dict:
+    """Evaluate pretraining runs ``{name: folder}`` and the calibration rows; write ``out`` (JSON) as it goes."""
+    if not runs:
+        raise ValueError("give at least one pretraining run")
+    for folder in runs.values():
+        saved = PretrainRun.from_dict(json.loads((Path(folder) / "run.json").read_text()))
+        check_no_overlap(config.tasks, saved.corpora)
+    results = {"config": asdict(config), "pretraining": {}, "tasks": {}, "average": {}}
+    for name, folder in runs.items():
+        summary = Path(folder) / "summary.json"
+        results["pretraining"][name] = {
+            "summary": json.loads(summary.read_text()) if summary.is_file() else None,
+            "unigram_cross_entropy": round(unigram_line(folder), 4),
+        }
+    models = _models(runs, config)
+    for task in config.tasks:
+        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        per_model = {}
+        for name, (scorer, rates) in models.items():
+            start = time.perf_counter()
+            result = protocol(scorer, splits, rates, config.seeds)
+            if config.label_sizes:
+                result["label_efficiency"] = label_efficiency(
+                    scorer, splits, result["lr"], config.label_sizes, config.seeds
+                )
+            result["seconds"] = round(time.perf_counter() - start, 1)
+            per_model[name] = result
+            if progress:
+                t = result["test"]
+                print(
+                    f"{task:<16} {name:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True
+                )
+        results["tasks"][task] = {"sizes": splits.sizes(), "models": per_model}
+        _write(out, results)
+    for name in models:
+        results["average"][name] = task_average({t: r["models"][name] for t, r in results["tasks"].items()})
+    _write(out, results)
+    return results
+
+
+def _write(out, results: dict) -> None:
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(results, indent=1))
