@@ -45,6 +45,26 @@ def test_pruned_copies_leave_the_base_alone(tiny_bert):
     assert all(torch.equal(v, before[k]) for k, v in tiny_bert.state_dict().items())
 
 
+def test_finetune_is_seeded_so_a_row_is_the_same_model_in_every_cell():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    base = BertForSequenceClassification(config)  # dropout 0.1 in training: the draws the seed must fix
+    batch = dict(input_ids=IDS, attention_mask=torch.ones_like(IDS), labels=torch.tensor([0, 1, 0]))
+
+    class OneBatch:
+        def __getitem__(self, i):
+            return batch
+
+    def tuned(seed):
+        return compare.finetune(copy.deepcopy(base), OneBatch(), steps=3, lr=1e-2, seed=seed).state_dict()
+
+    a, b, c = tuned(3), tuned(3), tuned(4)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)  # the seed reaches the dropout masks
+
+
 def test_pareto_front():
     rows = [compare.Row(m, "", b, 0, 0, a) for m, b, a in [("a", 10, 0.9), ("b", 5, 0.8), ("c", 6, 0.7), ("d", 1, 0.5)]]
     assert [r.method for r in compare.pareto_front(rows)] == ["a", "b", "d"]

@@ -129,11 +129,19 @@ def torch_ao_int8(model: nn.Module) -> nn.Module:
         return quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
 
 
-def finetune(model: nn.Module, data: Batches, steps: int, lr: float = 5e-5, keep: tuple | None = None) -> nn.Module:
-    """``steps`` of AdamW on the labels; ``keep = (weights, masks)`` re-applies pruning masks after each."""
+def finetune(
+    model: nn.Module, data: Batches, steps: int, lr: float = 5e-5, keep: tuple | None = None, seed: int = 0
+) -> nn.Module:
+    """``steps`` of AdamW on the labels; ``keep = (weights, masks)`` re-applies pruning masks after each.
+
+    Seeded (dropout draws from the global generator), so that a row of the table is the same model
+    whichever cell builds it.
+    """
+    from ..runtime import seed_everything
     from ..train.loop import TrainConfig, train
 
     if steps:
+        seed_everything(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         callbacks = [lambda info: pruning.apply_masks(*keep)] if keep else []
         train(
