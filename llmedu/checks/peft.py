@@ -75,16 +75,17 @@ def check_lora_merge(fn) -> CheckResult:
         g.compare(
             f"merged weight, d_in={d_in}, d_out={d_out}, r={r}", got, weight + layer.delta_weight().detach(), atol=1e-5
         )
-        if isinstance(got, torch.Tensor) and got.shape == weight.shape:
-            x = torch.randn(4, d_in)
-            with torch.no_grad():
-                g.compare(
-                    "x W_merged^T + b equals the LoRA layer's output",
-                    nn.functional.linear(x, got, layer.base.bias),
-                    layer(x),
-                    atol=1e-5,
-                )
+        _same_output(g, "x W_merged^T + b equals the LoRA layer's output", got, layer, d_in)
     return g.result()
+
+
+def _same_output(g: Grader, what: str, weight, layer, d_in: int) -> None:
+    """A learner's weight, used as a plain linear layer, gives the LoRA layer's output on random inputs."""
+    if isinstance(weight, torch.Tensor) and weight.shape == layer.base.weight.shape:
+        x = torch.randn(4, d_in)
+        with torch.no_grad():
+            out = nn.functional.linear(x, weight, layer.base.bias)
+            g.compare(what, out, layer(x), atol=1e-5, rtol=1e-5)
 
 
 def check_prefix_parameters(fn) -> CheckResult:
@@ -156,14 +157,5 @@ def check_lora_switch(fn) -> CheckResult:
             atol=1e-5,
             rtol=1e-5,
         )
-        if isinstance(got, torch.Tensor) and got.shape == w0.shape:
-            x = torch.randn(4, d_in)
-            with torch.no_grad():
-                g.compare(
-                    "x W^T + b equals adapter 2's LoRA layer",
-                    nn.functional.linear(x, got, second.base.bias),
-                    second(x),
-                    atol=1e-5,
-                    rtol=1e-5,
-                )
+        _same_output(g, "x W^T + b equals adapter 2's LoRA layer", got, second, d_in)
     return g.result()
