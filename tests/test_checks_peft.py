@@ -7,6 +7,7 @@ from llmedu.checks.peft import (
     check_lora_merge,
     check_lora_parameters,
     check_lora_switch,
+    check_prefix_break_even,
     check_prefix_parameters,
 )
 
@@ -85,3 +86,20 @@ def buggy_scaling(x, weight, bias, A, B, alpha):  # the lesson's find-the-bug ex
 def test_find_the_bug_exercise_fails_until_fixed():
     assert not check_lora_forward(buggy_scaling)
     assert check_lora_forward(lora_forward)
+
+
+def break_even(r, d_model, n_kv_heads, head_dim):
+    # LoRA per layer: r (d + d) on q, r (d + d_kv) on v; a virtual token: 2 d_kv (its key and value) per layer
+    d_kv = n_kv_heads * head_dim
+    return r * (3 * d_model + d_kv) / (2 * d_kv)
+
+
+def test_prefix_break_even_grader():
+    assert check_prefix_break_even(break_even)
+    assert not check_prefix_break_even(lambda r, d_model, n_kv_heads, head_dim: 2 * r)  # true only without GQA
+    assert not check_prefix_break_even(  # v counted as d x d, as if GQA did not shrink it
+        lambda r, d_model, n_kv_heads, head_dim: r * 4 * d_model / (2 * n_kv_heads * head_dim)
+    )
+    assert not check_prefix_break_even(  # only the key of each virtual token counted
+        lambda r, d_model, n_kv_heads, head_dim: 2 * break_even(r, d_model, n_kv_heads, head_dim)
+    )

@@ -29,6 +29,7 @@ __all__ = [
     "check_prefix_parameters",
     "check_lora_parameters",
     "check_lora_switch",
+    "check_prefix_break_even",
 ]
 
 _SHAPES = [(8, 6, 2), (16, 32, 4), (32, 16, 1)]  # (d_in, d_out, r)
@@ -102,6 +103,28 @@ def check_prefix_parameters(fn) -> CheckResult:
         g.compare(
             f"{n_virtual} virtual tokens, {n_layers} layers, {n_kv_heads} KV heads of {config.head_dim}", got, expected
         )
+    return g.result()
+
+
+def check_prefix_break_even(fn) -> CheckResult:
+    """How many virtual tokens make prefix tuning train as many parameters as LoRA of rank r on q and v?
+
+    Counted on real models (ours, Llama-shaped: bias-free projections), multi-head and grouped-query:
+    the answer is the LoRA count over the prefix count of one virtual token, a float.
+    """
+    from llmedu.models import CausalLM, TransformerConfig
+
+    g = Grader("check_prefix_break_even")
+    for r, d_model, n_heads, n_kv_heads in [(8, 64, 4, 4), (4, 64, 8, 2), (2, 96, 6, 1)]:
+        config = TransformerConfig.llama(
+            vocab_size=32, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=2, d_ff=32
+        )
+        lora = CausalLM(config)
+        apply_lora(lora, ["q_proj", "v_proj"], r=r, alpha=2 * r)
+        per_token = count_parameters(PrefixTuning(CausalLM(config), n_virtual=1))[0]
+        got = g.call(fn, r, d_model, n_kv_heads, config.head_dim)
+        expected = count_parameters(lora)[0] / per_token
+        g.compare(f"r={r}, d_model={d_model}, {n_kv_heads} of {n_heads} heads keep K/V", got, expected, rtol=1e-9)
     return g.result()
 
 
