@@ -6,7 +6,14 @@ import torch
 from llmedu.models import CausalLM, TransformerConfig
 from llmedu.retrieval import IVFIndex
 from llmedu.retrieval.datastore import BagOfWords, ChunkStore, decode_bytes, encode_bytes
-from llmedu.retrieval.rag import evaluate, flops_per_predicted_token, make_examples, target_loss
+from llmedu.retrieval.rag import (
+    evaluate,
+    flops_per_predicted_token,
+    make_examples,
+    sweep_learning_rate,
+    target_loss,
+    train_on_examples,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,3 +89,32 @@ def test_knowledge_update_is_deterministic_and_puts_the_text_in_reach():
     # after the update each query's nearest entry is its own chunk and continuation: the text to predict
     assert torch.equal(a1[:, : 2 * M], a1[:, 2 * M :])
     assert not torch.equal(b1[:, : 2 * M], b1[:, 2 * M :])
+
+
+def _tiny_lm():
+    torch.manual_seed(0)
+    return CausalLM(TransformerConfig.gpt2(vocab_size=256, d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
+
+
+def test_lr_sweep_keeps_the_lr_with_the_lowest_dev_loss():
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 256, (40, 16), generator=g)  # (n, 2m) with m = 8
+    dev = torch.randint(0, 256, (8, 16), generator=g)
+    sweep = sweep_learning_rate(_tiny_lm, rows, dev, 8, steps=3, lrs=[1e-2, 1e-5], batch=4)
+    assert len(sweep.dev_loss) == len(sweep.curves) == 2 and all(len(c) == 3 for c in sweep.curves)
+    best = sweep.lrs[min(range(2), key=sweep.dev_loss.__getitem__)]
+    assert sweep.best_lr == best
+    # the model returned is the one trained at best_lr: retraining it gives the same dev loss (same seed, ~1e-6)
+    again = _tiny_lm()
+    train_on_examples(again, rows, 8, 3, batch=4, lr=best)
+    assert evaluate(sweep.model, dev, 8) == pytest.approx(evaluate(again, dev, 8), abs=1e-6)
+
+
+def test_lr_sweep_rejects_an_empty_list_or_dev_split():
+    rows = torch.zeros(8, 16, dtype=torch.long)
+    with pytest.raises(ValueError, match="non-empty list"):
+        sweep_learning_rate(_tiny_lm, rows, rows, 8, 1, [])
+    with pytest.raises(ValueError, match="positive"):
+        sweep_learning_rate(_tiny_lm, rows, rows, 8, 1, [0.0])
+    with pytest.raises(ValueError, match="dev split is empty"):
+        sweep_learning_rate(_tiny_lm, rows, rows[:0], 8, 1, [1e-3])

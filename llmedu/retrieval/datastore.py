@@ -26,7 +26,7 @@ import torch
 
 from .exact import FlatIndex
 
-__all__ = ["encode_bytes", "decode_bytes", "BagOfWords", "ChunkStore"]
+__all__ = ["encode_bytes", "decode_bytes", "chunk_pairs", "BagOfWords", "ChunkStore"]
 
 _WORD = re.compile(r"[a-z]+")
 
@@ -38,6 +38,23 @@ def encode_bytes(text: str) -> torch.Tensor:
 
 def decode_bytes(ids: torch.Tensor) -> str:
     return bytes(ids.tolist()).decode("utf-8", errors="replace")
+
+
+def chunk_pairs(documents: list[str], m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, 2m) byte tokens [c_j, c_(j+1)] for every pair of consecutive m-byte chunks, and (N,) document numbers.
+
+    Consecutive rows overlap by m, so every byte after a document's first chunk is the second half of
+    exactly one row."""
+    values, docs = [], []
+    for d, text in enumerate(documents):
+        ids = encode_bytes(text)
+        n = len(ids) // m - 1  # chunks that have a full next chunk
+        if n > 0:
+            values.append(ids[: (n + 1) * m].unfold(0, 2 * m, m))  # (n, 2m)
+            docs.append(torch.full((n,), d))
+    if not values:
+        raise ValueError(f"no document is longer than two chunks of {m} bytes")
+    return torch.cat(values), torch.cat(docs)
 
 
 class BagOfWords:
@@ -101,16 +118,7 @@ class ChunkStore:
 
     def chunk(self, documents: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, 2m) chunk + continuation tokens and (N,) document numbers: every full pair of chunks."""
-        values, docs = [], []
-        for d, text in enumerate(documents):
-            ids = encode_bytes(text)
-            n = len(ids) // self.m - 1  # chunks that have a full next chunk
-            if n > 0:
-                values.append(ids[: (n + 1) * self.m].unfold(0, 2 * self.m, self.m))  # (n, 2m)
-                docs.append(torch.full((n,), d))
-        if not values:
-            raise ValueError(f"no document is longer than two chunks of {self.m} bytes")
-        return torch.cat(values), torch.cat(docs)
+        return chunk_pairs(documents, self.m)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Keys of the first m tokens of each row: (n, dim)."""

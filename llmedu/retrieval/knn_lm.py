@@ -87,9 +87,13 @@ class KNNLM:
         self.k, self.temperature = k, temperature
 
     @torch.no_grad()
-    def lm_and_knn(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """log p_LM and log p_kNN for every position of ``ids`` (B, T): each (B, T, vocab)."""
+    def lm_and_knn(self, ids: torch.Tensor, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p_LM and log p_kNN for every position of ``ids`` (B, T), or its ``last`` positions only
+        (no search for the others): each (B, T or last, vocab)."""
+        if last is not None and not 1 <= last <= ids.shape[1]:
+            raise ValueError(f"last must be from 1 to T = {ids.shape[1]}, got {last}")
         h = self.model.transformer(ids)  # (B, T, d)
+        h = h if last is None else h[:, -last:]  # (B, last, d)
         log_p_lm = F.log_softmax(self.model.lm_head(h).float(), dim=-1)  # (B, T, V)
         dist, nn_ids = self.index.search(h.flatten(0, 1).float(), self.k)  # (B*T, k) each
         found = nn_ids >= 0  # IVF may return fewer than k: those slots get zero weight

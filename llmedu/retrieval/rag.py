@@ -23,6 +23,9 @@ generation (re-retrieving every m tokens), and training the retriever (REALM, RA
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch.nn import functional as F
 
@@ -31,7 +34,15 @@ from ..models.gpt import CausalLM
 from ..train import TrainConfig, train
 from .datastore import ChunkStore
 
-__all__ = ["make_examples", "target_loss", "evaluate", "train_on_examples", "flops_per_predicted_token"]
+__all__ = [
+    "make_examples",
+    "target_loss",
+    "evaluate",
+    "train_on_examples",
+    "LRSweep",
+    "sweep_learning_rate",
+    "flops_per_predicted_token",
+]
 
 
 @torch.no_grad()
@@ -88,6 +99,46 @@ def train_on_examples(
         lambda model, b: target_loss(model, b, m),
         TrainConfig(max_steps=steps, clip_grad_norm=1.0, progress=False),
     )
+
+
+@dataclass
+class LRSweep:
+    lrs: list[float]
+    dev_loss: list[float]  # after training at each lr, on the dev rows (never the reported held-out rows)
+    curves: list[list[float]]  # training loss per step, at each lr
+    best_lr: float
+    model: CausalLM  # the model trained at best_lr
+
+    @property
+    def curve(self) -> list[float]:
+        return self.curves[self.lrs.index(self.best_lr)]
+
+
+def sweep_learning_rate(
+    make_model: Callable[[], CausalLM],
+    inputs: torch.Tensor,
+    dev: torch.Tensor,
+    m: int,
+    steps: int,
+    lrs: list[float],
+    batch: int = 32,
+    seed: int = 0,
+) -> LRSweep:
+    """Train a fresh ``make_model()`` at every lr of a list declared beforehand (same batches, same
+    steps) and keep the one with the lowest loss on ``dev``: each model size gets its own learning rate,
+    chosen on rows that the reported evaluation never uses."""
+    if not lrs or any(not lr > 0 for lr in lrs):
+        raise ValueError(f"lrs must be a non-empty list of positive learning rates, got {lrs}")
+    if len(dev) == 0:
+        raise ValueError("the dev split is empty: the learning rate would be chosen on nothing")
+    models, dev_loss, curves = [], [], []
+    for lr in lrs:
+        model = make_model()
+        curves.append(train_on_examples(model, inputs, m, steps, batch=batch, lr=lr, seed=seed)["loss"])
+        dev_loss.append(evaluate(model, dev, m))
+        models.append(model)
+    best = min(range(len(lrs)), key=dev_loss.__getitem__)
+    return LRSweep(list(lrs), dev_loss, curves, lrs[best], models[best].eval())
 
 
 def flops_per_predicted_token(model: CausalLM, seq_len: int, m: int) -> float:
