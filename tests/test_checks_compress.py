@@ -4,10 +4,10 @@ import torch
 from torch.nn import functional as F
 
 from llmedu.checks.compress import (
+    check_cosine_gradient,
     check_distillation_loss,
     check_int8_size_ratio,
     check_nf4_bytes,
-    check_soft_target_gradient,
     check_two_four_mask,
 )
 
@@ -71,13 +71,30 @@ def test_distillation_loss_grader():
     )
 
 
-def test_soft_target_gradient_grader():
-    def right(s, t, T):
-        p, q = F.softmax(t / T, -1), F.softmax(s / T, -1)
-        return T * (q - p) / s.shape[0]  # T^2 x (q - p) / T, averaged over the batch
+def cosine_right(s, t):
+    s_norm, t_norm = s.norm(dim=-1, keepdim=True), t.norm(dim=-1, keepdim=True)  # (B, T, 1)
+    cos = (s * t).sum(-1, keepdim=True) / (s_norm * t_norm)
+    n_tokens = s.shape[0] * s.shape[1]
+    return -(t / t_norm - cos * s / s_norm) / (s_norm * n_tokens)  # the part of t-hat across s, over |s|
 
-    assert check_soft_target_gradient(right)
-    assert not check_soft_target_gradient(lambda s, t, T: right(s, t, T) / T**2)  # the loss without its T^2
-    assert not check_soft_target_gradient(lambda s, t, T: right(s, t, T) * T)  # forgets the 1/T of the chain rule
-    assert not check_soft_target_gradient(lambda s, t, T: -right(s, t, T))  # p - q: the sign of a gradient ascent
-    assert not check_soft_target_gradient(lambda s, t, T: right(s, t, T) * s.shape[0])  # summed, not averaged
+
+def test_cosine_gradient_grader():
+    assert check_cosine_gradient(cosine_right)
+    assert check_cosine_gradient(lambda s, t: cosine_right(s.double(), t.double()).float())  # another precision
+
+    def no_projection(s, t):  # d(s . t-hat)/ds without the derivative of 1/|s|
+        return -t / t.norm(dim=-1, keepdim=True) / (s.norm(dim=-1, keepdim=True) * s.shape[0] * s.shape[1])
+
+    def unit_student(s, t):  # takes |s| = 1: the direction right, the size wrong
+        return cosine_right(s, t) * s.norm(dim=-1, keepdim=True)
+
+    def unit_difference(s, t):  # s-hat - t-hat: points the right way only when s and t are already close
+        s_hat, t_hat = s / s.norm(dim=-1, keepdim=True), t / t.norm(dim=-1, keepdim=True)
+        return (s_hat - t_hat) / (s.norm(dim=-1, keepdim=True) * s.shape[0] * s.shape[1])
+
+    assert not check_cosine_gradient(no_projection)
+    assert not check_cosine_gradient(unit_student)
+    assert not check_cosine_gradient(unit_difference)
+    assert not check_cosine_gradient(lambda s, t: -cosine_right(s, t))  # the gradient of cos, not of 1 - cos
+    assert not check_cosine_gradient(lambda s, t: cosine_right(s, t) * s.shape[0] * s.shape[1])  # summed
+    assert not check_cosine_gradient(lambda s, t: cosine_right(s, t) * s.shape[1])  # averaged over B only
