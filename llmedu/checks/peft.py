@@ -11,6 +11,8 @@ check_lora_parameters(fn)     fn(r, n_layers, d_model, n_labels) -> trainable pa
                               head, counted on a real model of each size
 check_lora_switch(fn)         fn(w_merged, A1, B1, A2, B2, alpha) -> the weight that serves adapter 2 from a
                               weight into which adapter 1 was merged; the two ranks differ, so do the scalings
+check_prefix_break_even(fn)   fn(r, d_model, n_kv_heads, head_dim) -> how many virtual tokens of prefix tuning
+                              train as many parameters as LoRA of rank r on q and v (2r without GQA, more with)
 """
 
 from __future__ import annotations
