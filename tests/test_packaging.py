@@ -66,6 +66,20 @@ def test_every_lesson_says_its_mode_first(notebook):
     assert "runtime.mode_banner()" in first, f"{notebook}: the first code cell must print runtime.mode_banner()"
 
 
+@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+def test_readme_says_the_mode_each_lesson_is_committed_in(notebook):
+    """The syllabus's mode column is the mode recorded in the notebook by notebooks/execute.py."""
+    recorded = json.loads((ROOT / "notebooks" / notebook).read_text())["metadata"].get("llmedu", {}).get("mode")
+    row = re.search(rf"^\| [^|]+ \| \[[^\]]+\]\(notebooks/{re.escape(notebook)}\) \|[^|]+\| (\w+)", _readme(), re.M)
+    assert row, f"README's syllabus has no row for {notebook}"
+    assert recorded in ("fast", "full"), f"{notebook}: no llmedu.mode in its metadata; run notebooks/execute.py"
+    assert row.group(1) == recorded, f"README says {notebook} is committed in {row.group(1)} mode; it was {recorded}"
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
 def _requirement_name(requirement: str) -> str:
     """'transformers>=4.46' -> 'transformers', normalised as PyPI compares names."""
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
