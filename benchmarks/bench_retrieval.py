@@ -1,7 +1,9 @@
-"""Our vector indexes against FAISS on the same vectors: recall@10 and queries per second.
+"""Our vector indexes against FAISS on the same vectors (recall@10, queries per second), then a small LM's
+held-out perplexity with and without kNN-LM retrieval.
 
     python benchmarks/bench_retrieval.py                          # 100k vectors, d=64, 1000 queries
     python benchmarks/bench_retrieval.py --n 20000 --threads 2
+    python benchmarks/bench_retrieval.py --no-lm                  # the indexes only, no kNN-LM section
 
 The vectors are ``llmedu.retrieval.clustered_vectors`` (clustered, low intrinsic dimension, unit
 norm: shaped like real embeddings); the queries are a held-out draw from the same distribution.
@@ -13,6 +15,17 @@ checked: exact search returns FAISS's ids (the same set; only near-ties, equal t
 rounding, may come in another order); IVF and IVF-PQ recall are comparable (ours within 0.05
 of FAISS's). FAISS is faster for IVF and IVF-PQ (C++ loops, SIMD kernels, where ours loops over lists in
 Python); exact search is one matrix product in both, about equally fast. The ratio column says how much.
+
+Then (unless ``--no-lm``) the same question asked of a language model, as in lesson 21 §3: a small byte-level
+GPT (d_model 64, 2 layers; seeded) is trained ``--lm-steps`` steps on chunk pairs [c_i, c_(i+1)] of the KJV
+training books (``rag.train_on_examples``, loss on the second chunk); its final hidden states for ``--lm-rows``
+training pairs are a kNN-LM datastore (``knn_lm.build_datastore``, one key per scored byte, exact L2 search).
+On ``--lm-eval`` held-out pairs of the validation books it prints loss (nats/byte) and perplexity (e^loss)
+for the unigram baseline (add-one counts of the training bytes), the LM alone (``knowledge.lm_loss``), and the
+LM + kNN-LM at the lesson's lambda 0.25 (``knowledge.knn_lm_losses``; its lambda-0 value must equal the LM
+alone's, a check). The search of the held-out queries is timed for our FlatIndex and FAISS IndexFlatL2.
+A briefly trained model, not the lesson's full run: the numbers say that retrieval helps and by how much at
+this size, not what a well-trained LM would gain (Khandelwal et al. 2020 report the gain growing with the store).
 The last line is JSON.
 """
 
@@ -20,13 +33,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 
 import faiss
 import torch
 
+from llmedu.data import load_documents
+from llmedu.models import CausalLM, TransformerConfig
 from llmedu.retrieval import FlatIndex, IVFIndex, clustered_vectors, recall_at_k
+from llmedu.retrieval.datastore import chunk_pairs
+from llmedu.retrieval.knn_lm import build_datastore
+from llmedu.retrieval.knowledge import knn_lm_losses, lm_loss
+from llmedu.retrieval.rag import train_on_examples
 
 
 def timed(fn, repeats: int) -> tuple[list[float], object]:
@@ -36,6 +56,83 @@ def timed(fn, repeats: int) -> tuple[list[float], object]:
         out = fn()
         times.append(time.perf_counter() - t)
     return times, out
+
+
+def lm_section(a) -> dict:
+    """Held-out loss and perplexity of a small LM alone, with kNN-LM retrieval, and of the unigram baseline."""
+    m = 32  # bytes per chunk: rows are [c_i, c_(i+1)], the second chunk scored (lesson 21's M_CHUNK)
+    t0 = time.perf_counter()
+    train_rows, _ = chunk_pairs(load_documents("kjv", "train"), m)  # (n, 2m)
+    train_rows = train_rows[torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(0))]
+    val_rows, _ = chunk_pairs(load_documents("kjv", "validation"), m)
+    keep = torch.randperm(len(val_rows), generator=torch.Generator().manual_seed(1))[: a.lm_eval].sort().values
+    val_rows = val_rows[keep]  # (n_eval, 2m): held-out books, never trained on, never in the datastore
+    if a.lm_rows > len(train_rows):
+        raise ValueError(f"--lm-rows {a.lm_rows} exceeds the {len(train_rows)} chunk pairs of the training books")
+
+    torch.manual_seed(0)
+    model = CausalLM(TransformerConfig.gpt2(vocab_size=256, d_model=64, n_layers=2, n_heads=4, max_seq_len=256))
+    train_on_examples(model, train_rows, m, a.lm_steps, batch=a.lm_batch, lr=3e-3, seed=0)
+    train_s = time.perf_counter() - t0
+    model.eval()
+
+    t0 = time.perf_counter()
+    keys, values = build_datastore(model, train_rows[: a.lm_rows], last=m)  # (N, d), (N,): one per scored byte
+    index = FlatIndex(keys.shape[1], metric="l2", block=64)
+    index.add(keys)
+    datastore_s = time.perf_counter() - t0
+
+    counts = torch.bincount(train_rows[:, m:].flatten(), minlength=256).float() + 1  # add-one unigram counts
+    unigram = -(counts / counts.sum()).log()[val_rows[:, m:]].mean().item()
+    alone = lm_loss(model, val_rows, m)
+    t0 = time.perf_counter()
+    at_zero, with_knn = knn_lm_losses(model, index, values, val_rows, m, [0.0, a.lam], k=a.knn_k)
+    eval_s = time.perf_counter() - t0
+
+    # the search alone: the held-out queries (the hidden states kNN-LM looks up) against our index and FAISS's
+    queries, _ = build_datastore(model, val_rows, last=m)  # (n_eval * m, d)
+    ref = faiss.IndexFlatL2(keys.shape[1])
+    ref.add(keys.numpy())
+    ours_t, _ = timed(lambda: index.search(queries, a.knn_k), a.repeats)
+    faiss_t, _ = timed(lambda: ref.search(queries.numpy(), a.knn_k), a.repeats)
+
+    losses = {"unigram": unigram, "LM alone": alone, f"LM + kNN-LM (lambda {a.lam:g})": with_knn}
+    print(
+        f"\nkNN-LM: byte GPT of {sum(p.numel() for p in model.parameters()):,} parameters, {a.lm_steps} steps of "
+        f"{a.lm_batch} chunk pairs ({train_s:.0f} s with data loading); datastore {len(keys)} keys of {keys.shape[1]} "
+        f"floats from {a.lm_rows} training pairs ({datastore_s:.1f} s); held-out: {len(val_rows) * m} scored bytes "
+        f"of the validation books, k={a.knn_k} exact neighbours ({eval_s:.1f} s)"
+    )
+    print(f"{'model':26} {'loss nats/byte':>15} {'perplexity':>11} {'vs LM alone':>12}")
+    for name, loss in losses.items():
+        print(f"{name:26} {loss:15.4f} {math.exp(loss):11.3f} {loss - alone:+12.4f}")
+    gap = abs(at_zero - alone)
+    print(f"check: kNN-LM at lambda 0 equals the LM alone within {gap:.1e} nats/byte (<= 1e-5: {gap <= 1e-5})")
+    per_q = {lib: statistics.median(t) / len(queries) for lib, t in (("ours", ours_t), ("faiss", faiss_t))}
+    print(
+        f"search of {len(queries)} queries, k={a.knn_k}, {len(keys)} keys (median of {a.repeats}): ours "
+        f"{per_q['ours'] * 1e6:.1f} us/query (min {min(ours_t) / len(queries) * 1e6:.1f}), FAISS IndexFlatL2 "
+        f"{per_q['faiss'] * 1e6:.1f} us/query (min {min(faiss_t) / len(queries) * 1e6:.1f}); "
+        f"faiss/ours speed {per_q['ours'] / per_q['faiss']:.1f}x"
+    )
+    return dict(
+        parameters=sum(p.numel() for p in model.parameters()),
+        train_steps=a.lm_steps,
+        datastore_keys=len(keys),
+        eval_bytes=len(val_rows) * m,
+        lam=a.lam,
+        k=a.knn_k,
+        loss_unigram=unigram,
+        loss_lm=alone,
+        loss_knn_lm=with_knn,
+        ppl_unigram=math.exp(unigram),
+        ppl_lm=math.exp(alone),
+        ppl_knn_lm=math.exp(with_knn),
+        lambda0_gap=gap,
+        search_us_per_query_ours=per_q["ours"] * 1e6,
+        search_us_per_query_faiss=per_q["faiss"] * 1e6,
+        train_s=train_s,
+    )
 
 
 def main() -> None:
@@ -49,6 +146,13 @@ def main() -> None:
     ap.add_argument("--nbits", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-lm", action="store_true", help="skip the kNN-LM perplexity section")
+    ap.add_argument("--lm-steps", type=int, default=300, help="training steps of the small LM")
+    ap.add_argument("--lm-batch", type=int, default=16)
+    ap.add_argument("--lm-rows", type=int, default=4096, help="training chunk pairs in the datastore (32 keys each)")
+    ap.add_argument("--lm-eval", type=int, default=200, help="held-out chunk pairs (32 scored bytes each)")
+    ap.add_argument("--lam", type=float, default=0.25, help="kNN-LM lambda (lesson 21's, fixed before any run)")
+    ap.add_argument("--knn-k", type=int, default=16)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     faiss.omp_set_num_threads(a.threads)
@@ -137,7 +241,8 @@ def main() -> None:
             f"{kind}: recall@10 ours {ours['recall10']:.3f} vs FAISS {ref['recall10']:.3f} ({gap:+.3f}); "
             f"comparable (|gap| <= 0.05): {abs(gap) <= 0.05}"
         )
-    print(json.dumps({"config": vars(a), "rows": rows}))
+    lm = None if a.no_lm else lm_section(a)
+    print(json.dumps({"config": vars(a), "rows": rows, "lm": lm}))
 
 
 if __name__ == "__main__":
