@@ -24,12 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from ..models import SequenceClassifier, Transformer
-from ..train import TrainConfig
-from ..train import train as train_loop
-from ..train.schedules import warmup_linear
 from .calibration import majority_accuracy, tfidf_accuracy
 from .evaluate import Data, Scorer
-from .finetune import FIXED, FinetuneSettings, _collate, encode_texts
+from .finetune import FIXED, FinetuneSettings, _collate, encode_texts, fit_classifier
 from .pretrain import load_pretrained, load_run
 
 __all__ = [
@@ -43,28 +40,8 @@ __all__ = [
 
 
 def _fit_classifier(model, encode, train: Data, settings: FinetuneSettings, seed: int) -> None:
-    """Fine-tune ``model`` (called as model(ids, mask) -> logits) on ``train``: AdamW, warm-up + linear decay."""
-    rows = encode(list(train.texts))
-    per_epoch = len(rows) // settings.batch_size
-    if per_epoch < 1:
-        raise ValueError(f"{len(rows)} training examples are fewer than one batch of {settings.batch_size}")
-    total = settings.epochs * per_epoch
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-
-    def batches(i: int):
-        epoch, index = divmod(i, per_epoch)
-        perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 1 + epoch)).tolist()
-        pick = perm[index * settings.batch_size : (index + 1) * settings.batch_size]
-        ids, mask = _collate([rows[j] for j in pick], encode.pad)
-        return ids, mask, torch.tensor([train.labels[j] for j in pick])
-
-    def loss_fn(model, batch):
-        ids, mask, y = batch
-        return F.cross_entropy(model(ids, mask).float(), y)
-
-    warmup = min(max(1, int(settings.warmup * total)), total - 1)  # a one-step run has none
-    schedule = warmup_linear(warmup, total)
-    train_loop(model, optimizer, batches, loss_fn, TrainConfig(max_steps=total, schedule=schedule, progress=False))
+    """Fine-tune ``model`` (called as model(ids, mask) -> logits) on ``train``, as ``finetune`` does."""
+    fit_classifier(model, encode(list(train.texts)), list(train.labels), encode.pad, settings, seed)
 
 
 @torch.no_grad()

@@ -101,6 +101,51 @@ def accuracy(
     return correct / len(rows)
 
 
+def _check_one_batch(n: int, settings: FinetuneSettings) -> None:
+    if n < settings.batch_size:
+        raise ValueError(f"{n} training examples are fewer than one batch of {settings.batch_size}")
+
+
+def fit_classifier(
+    model: torch.nn.Module,
+    rows: list[list[int]],
+    labels: list[int],
+    pad: int,
+    settings: FinetuneSettings,
+    seed: int,
+    *,
+    device: torch.device | None = None,
+    precision: str = "fp32",
+    progress: bool = False,
+) -> dict:
+    """Train ``model`` (called as model(ids, mask) -> logits) on token ``rows`` and ``labels``: AdamW,
+    ``settings.epochs`` seeded shuffles cut into batches, warm-up then the settings' decay. The history."""
+    _check_one_batch(len(rows), settings)
+    per_epoch = len(rows) // settings.batch_size
+    total = settings.epochs * per_epoch
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+
+    def batches(i: int):
+        epoch, index = divmod(i, per_epoch)
+        perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 1 + epoch)).tolist()
+        pick = perm[index * settings.batch_size : (index + 1) * settings.batch_size]
+        ids, mask = _collate([rows[j] for j in pick], pad)
+        return ids.to(device), mask.to(device), torch.tensor([labels[j] for j in pick], device=device)
+
+    def loss_fn(model, batch):
+        ids, mask, y = batch
+        return F.cross_entropy(model(ids, mask).float(), y)
+
+    warmup = min(max(1, int(settings.warmup * total)), total - 1)  # a one-step run has none
+    config = TrainConfig(
+        max_steps=total,
+        schedule=_SCHEDULES[settings.schedule](warmup, total),
+        precision=precision,
+        progress=progress,
+    )
+    return train(model, optimizer, batches, loss_fn, config)
+
+
 def finetune(
     run: str | Path,
     task: str = "rotten_tomatoes",
@@ -133,44 +178,31 @@ def finetune(
     rows = encode_texts(tokenizer, texts, settings.max_len)
     val_rows = encode_texts(tokenizer, val_texts, settings.max_len)
     pad = tokenizer.vocab["[PAD]"]
-    if len(rows) < settings.batch_size:
-        raise ValueError(f"{len(rows)} training examples are fewer than one batch of {settings.batch_size}")
+    _check_one_batch(len(rows), settings)
 
     runtime.seed_everything(seed)
     model = SequenceClassifier(replace(recipe.model, dropout=settings.dropout), n_classes=len(set(labels)))
     if not from_scratch:
         model.transformer.load_state_dict(load_pretrained(run))  # strict: every weight must fit
     model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    per_epoch = len(rows) // settings.batch_size
-    total = settings.epochs * per_epoch
-
-    def batches(i: int):
-        epoch, index = divmod(i, per_epoch)
-        perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 1 + epoch)).tolist()
-        pick = perm[index * settings.batch_size : (index + 1) * settings.batch_size]
-        ids, mask = _collate([rows[j] for j in pick], pad)
-        return ids.to(device), mask.to(device), torch.tensor([labels[j] for j in pick], device=device)
-
-    def loss_fn(model, batch):
-        ids, mask, y = batch
-        return F.cross_entropy(model(ids, mask).float(), y)
-
-    warmup = max(1, int(settings.warmup * total))
-    config = TrainConfig(
-        max_steps=total,
-        schedule=_SCHEDULES[settings.schedule](warmup, total),
+    history = fit_classifier(
+        model,
+        rows,
+        labels,
+        pad,
+        settings,
+        seed,
+        device=device,
         precision=recipe.resolved_precision(device),
         progress=progress,
     )
-    history = train(model, optimizer, batches, loss_fn, config)
     result = {
         "task": task,
         "init": "random" if from_scratch else "pretrained",
         "run": str(run),
         "train_examples": len(rows),
         "eval_examples": len(val_rows),
-        "steps": total,
+        "steps": settings.epochs * (len(rows) // settings.batch_size),
         "final_train_loss": round(sum(history["loss"][-10:]) / len(history["loss"][-10:]), 4),
         "accuracy": round(accuracy(model, val_rows, val_labels, pad, device), 4),
         "majority_baseline": round(max(val_labels.count(c) for c in set(val_labels)) / len(val_labels), 4),
