@@ -35,6 +35,16 @@ def test_round_trip_error_is_at_most_half_a_step(bits, symmetric, axis):
     assert (err <= scale / 2 + 4 * torch.finfo(torch.float32).eps * x.abs()).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_quantize_leaves_its_input_unchanged(dtype):
+    # quantize works in place on a float64 copy; a float64 input must not be that copy
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(0), dtype=dtype) * 2 - 0.5
+    before = x.clone()
+    for symmetric in (True, False):
+        quantize(x, 8, symmetric, axis=0)
+    assert torch.equal(x, before)
+
+
 def test_per_channel_beats_per_tensor_with_one_large_row():
     w = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
     w[0] *= 50  # one output channel of large weights

@@ -87,8 +87,9 @@ def quantize(
     if x.numel() == 0:
         raise ValueError("cannot quantize an empty tensor: its range is undefined")
     qmin, qmax = qrange(bits, symmetric)
-    lo, hi = _min_max(x.detach().double(), axis)  # float64, as torch's ChooseQuantizationParams
-    lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)  # the range must hold 0 exactly
+    lo, hi = _min_max(x.detach(), axis)  # a min or max is one of x's values: exact in x's own dtype
+    lo, hi = lo.double().clamp(max=0.0), hi.double().clamp(min=0.0)  # float64, as torch's ChooseQuantizationParams;
+    # the range must hold 0 exactly
     if symmetric:
         scale = (torch.maximum(-lo, hi) / ((qmax - qmin) / 2)).float().clamp(min=_EPS)
         zero_point = torch.zeros_like(scale)
@@ -96,9 +97,12 @@ def quantize(
         scale = ((hi - lo) / (qmax - qmin)).float().clamp(min=_EPS)
         zero_point = (qmin - torch.round(lo / scale.double())).clamp(qmin, qmax).float()
     # x * (1/scale) + zero_point rounded once to float32 (the kernels' fused multiply-add; the float64
-    # product of two float32 numbers is exact), then to the nearest integer, ties to even
+    # product of two float32 numbers is exact), then to the nearest integer, ties to even. In place on one
+    # float64 copy: a fresh tensor of an activation's size costs new pages from the OS, and out of place
+    # these steps took 30 ms on a (1536, 1536) input, in place 7 ms (one thread, measured on this CPU).
     inverse = (1.0 / scale).double()
-    q = torch.round((x.detach().double() * inverse + zero_point.double()).float()).clamp(qmin, qmax)
+    q = x.detach().to(torch.float64, copy=True).mul_(inverse).add_(zero_point.double())
+    q = q.float().round_().clamp_(qmin, qmax)
     return q.to(torch.int8 if symmetric else torch.uint8), scale, zero_point
 
 
