@@ -1,9 +1,22 @@
-"""GPTQ: on the same weights and the same grid, it lowers the layer's output error below RTN's."""
+"""GPTQ: on the same weights and the same grid, it lowers the layer's output error below RTN's; its codes
+are stored packed (``PackedLinear``) and read back exactly."""
+
+import math
 
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
 
-from llmedu.compress.gptq import gptq_quantize, hessian, layer_error, rtn_quantize
+from llmedu.compress.gptq import (
+    PackedLinear,
+    gptq_codes,
+    gptq_quantize,
+    hessian,
+    layer_error,
+    rtn_codes,
+    rtn_quantize,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # many small ops on a busy 2-core CPU
 
@@ -80,7 +93,42 @@ def test_gptq_beats_rtn_on_a_real_minilm_layer():
     assert layer_error(layer.weight, q, held_out) < 0.85 * layer_error(layer.weight, r, held_out)
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_packed_linear_stores_the_codes_and_reads_them_back_exactly(bits, symmetric):
+    torch.manual_seed(0)
+    linear = nn.Linear(7, 5)  # 35 codes: not a multiple of 2 or 4, so the last byte is padded
+    codes, scale, zero_point = rtn_codes(linear.weight, bits, symmetric)
+    layer = PackedLinear.rtn(linear, bits, symmetric)
+    assert layer.packed.dtype == torch.uint8 and layer.packed.numel() == math.ceil(35 * bits / 8)
+    qmin = -(2 ** (bits - 1)) if symmetric else 0
+    assert torch.equal(layer.codes().double(), codes - qmin)  # stored unsigned, the grid's offset removed
+    assert torch.equal(layer.zero_point.double(), zero_point - qmin)
+    assert torch.equal(layer.dequantized_weight(), rtn_quantize(linear.weight, bits, symmetric))
+    x = torch.randn(3, 4, 7)
+    assert torch.equal(layer(x), F.linear(x, layer.dequantized_weight(), linear.bias))
+
+
+def test_packed_gptq_layer_holds_gptq_codes_on_rtn_grid():
+    w = torch.randn(16, 40, generator=torch.Generator().manual_seed(8))
+    x = correlated_inputs(d=40, seed=9)
+    linear = nn.Linear(40, 16)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    codes, scale, zero_point = gptq_codes(w, x, bits=4)
+    assert torch.equal(scale, rtn_codes(w, bits=4)[1]) and torch.equal(codes, codes.round())
+    layer = PackedLinear.gptq(linear, x, bits=4)
+    assert torch.equal(layer.dequantized_weight(), gptq_quantize(w, x, bits=4))
+    assert not torch.equal(layer.codes().double(), rtn_codes(w, bits=4)[0])  # other codes than rounding's
+
+
 def test_bad_input_gets_a_clear_error():
+    with pytest.raises(ValueError, match=r"bits must be one of \(2, 4, 8\)"):
+        PackedLinear.rtn(nn.Linear(4, 4), bits=3)  # 3-bit codes do not fill a byte
+    with pytest.raises(ValueError, match=r"must lie in \[0, 15\]"):
+        PackedLinear(torch.full((2, 2), 16.0), torch.ones(2, 1), torch.zeros(2, 1), None, bits=4)
+    with pytest.raises(ValueError, match="expected inputs with 4 features"):
+        PackedLinear.rtn(nn.Linear(4, 4))(torch.ones(2, 3))
     w = torch.randn(8, 16)
     with pytest.raises(ValueError, match=r"weight must be \(d_out, d_in\) and x \(..., d_in\)"):
         gptq_quantize(w, torch.randn(4, 15))
