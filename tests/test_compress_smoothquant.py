@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from llmedu.compress.smoothquant import (
+    SmoothedLinear,
     smooth_layernorm_linears,
     smooth_linear_weight,
     smoothing_scales,
@@ -84,3 +85,17 @@ def test_bad_input_gets_a_clear_error():
         smooth_layernorm_linears(nn.Identity(), [q], torch.ones(64))
     with pytest.raises(ValueError, match="expected inputs with 64 features"):
         w8a8_linear(torch.ones(2, 3), q)
+    with pytest.raises(ValueError, match="64 positive scales"):
+        SmoothedLinear(q, torch.zeros(64))
+    with pytest.raises(TypeError, match="wraps an nn.Linear"):
+        SmoothedLinear(nn.Identity(), torch.ones(64))
+
+
+def test_smoothed_linear_is_the_linear_in_fp32():
+    norm, q, k, x = pre_ln_block()
+    s = smoothing_scales(norm(x).abs().amax(0).detach(), [q.weight])
+    wrapped = SmoothedLinear(q, s)
+    # (X / s)(W s)^T = X W^T: two extra float32 roundings per product, relative ~1e-7
+    assert torch.allclose(wrapped(norm(x)), q(norm(x)), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(wrapped.linear.weight, q.weight)  # the weight now carries s
+    assert torch.equal(q.weight, pre_ln_block()[1].weight)  # the original linear is left alone

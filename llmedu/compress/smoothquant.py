@@ -13,9 +13,12 @@ arithmetic but moves the difficulty from X to W. The migration strength alpha sp
     s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)       (alpha = 0.5: both sides end with max sqrt(|X_j| |W_j|))
 
 The division by s is free when X comes out of a LayerNorm: fold 1/s into its weight and bias
-(``smooth_layernorm_linears``), as the paper does for the q/k/v and fc1 inputs of OPT and BLOOM.
-(In a post-LN model such as BERT the LayerNorm's output also feeds the residual, so folding there
-would change the model; the tests use a pre-LN block.)
+(``smooth_layernorm_linears``), as the paper does for the q/k/v and fc1 inputs of OPT and BLOOM, which
+are pre-LN. In a post-LN model such as BERT the LayerNorm's output is also the residual stream
+(``LayerNorm(dense(...) + x)`` adds x, the previous LayerNorm's output, back in), so folding 1/s there
+would rescale the residual too and change the model. ``SmoothedLinear`` keeps the migration exact in
+that case: it multiplies its input by 1/s itself (one elementwise (N, d_in) product per call, which a
+fused kernel would fold into the activation quantization's own multiply) and holds W diag(s).
 
 ``w8a8_linear`` is the quantized matmul used to measure the gain: per-tensor dynamic int8
 activations, per-channel int8 weights, an int8 x int8 -> int32 product.
@@ -27,6 +30,7 @@ channel), and the migration into the previous linear layer.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -34,7 +38,7 @@ from torch import nn
 
 from .int8 import int8_matmul, quantize
 
-__all__ = ["smoothing_scales", "smooth_linear_weight", "smooth_layernorm_linears", "w8a8_linear"]
+__all__ = ["smoothing_scales", "smooth_linear_weight", "smooth_layernorm_linears", "SmoothedLinear", "w8a8_linear"]
 
 
 def smoothing_scales(
@@ -78,6 +82,29 @@ def smooth_layernorm_linears(
     for lin in linears:
         smooth_linear_weight(lin, s)
     return s
+
+
+class SmoothedLinear(nn.Module):
+    """``linear(x / s)`` with ``linear``'s weight replaced by W diag(s): the fp32 function unchanged, the
+    inner linear's input (``x / s``) and weight balanced. The inner layer is an ``nn.Linear`` named
+    ``linear``, so that ``int8.quantize_linears`` on the model quantizes it like any other."""
+
+    def __init__(self, linear: nn.Linear, s: torch.Tensor):
+        super().__init__()
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"SmoothedLinear wraps an nn.Linear, got {type(linear).__name__}")
+        if s.shape != (linear.in_features,) or not (s > 0).all():
+            raise ValueError(f"s must hold {linear.in_features} positive scales, got shape {tuple(s.shape)}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.linear = copy.deepcopy(linear)
+        smooth_linear_weight(self.linear, s)  # (d_out, d_in): W diag(s)
+        self.register_buffer("inverse_scale", (1 / s.detach()).float())  # (d_in,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_in) -> (..., d_out)
+        return self.linear(x * self.inverse_scale)  # (X diag(s)^-1) (W diag(s))^T = X W^T
+
+    def extra_repr(self) -> str:
+        return f"input divided by {self.in_features} smoothing scales"
 
 
 def w8a8_linear(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
