@@ -8,6 +8,7 @@ from llmedu.checks.compress import (
     check_distillation_loss,
     check_int8_size_ratio,
     check_nf4_bytes,
+    check_packed_bytes,
     check_two_four_mask,
 )
 
@@ -98,3 +99,23 @@ def test_cosine_gradient_grader():
     assert not check_cosine_gradient(lambda s, t: -cosine_right(s, t))  # the gradient of cos, not of 1 - cos
     assert not check_cosine_gradient(lambda s, t: cosine_right(s, t) * s.shape[0] * s.shape[1])  # summed
     assert not check_cosine_gradient(lambda s, t: cosine_right(s, t) * s.shape[1])  # averaged over B only
+
+
+def test_packed_bytes_grader():
+    import math
+
+    from torch import nn
+
+    from llmedu.compress.gptq import PackedLinear
+
+    def right(d_out, d_in, bits):
+        return math.ceil(d_out * d_in * bits / 8) + 4 * d_out + d_out + 4 * d_out
+
+    assert check_packed_bytes(right)
+    for d_out, d_in, bits in [(3, 5, 4), (5, 7, 2), (16, 8, 8)]:  # the reference is what the layer really stores
+        layer = PackedLinear.rtn(nn.Linear(d_in, d_out), bits)
+        assert sum(t.numel() * t.element_size() for t in layer.buffers()) == right(d_out, d_in, bits)
+    assert not check_packed_bytes(lambda d_out, d_in, bits: d_out * d_in * bits / 8 + 9 * d_out)  # no padding
+    assert not check_packed_bytes(lambda d_out, d_in, bits: right(d_out, d_in, bits) + 3 * d_out)  # fp32 zeros
+    assert not check_packed_bytes(lambda d_out, d_in, bits: right(d_out, d_in, bits) - 4 * d_out)  # no bias
+    assert not check_packed_bytes(lambda d_out, d_in, bits: right(d_out, d_in, 4))  # always two codes a byte

@@ -10,6 +10,9 @@ check_two_four_mask(fn)        fn(weight (out, in)) -> bool keep-mask: in each g
                                the 2 of largest magnitude (``llmedu.compress.pruning.nm_mask``)
 check_distillation_loss(fn)    fn(student_logits, teacher_logits, T) -> T^2 KL(softmax(t/T) || softmax(s/T)),
                                averaged over the batch (Hinton et al. 2015)
+check_packed_bytes(fn)         fn(d_out, d_in, bits) -> bytes of a GPTQ/RTN layer as ``gptq.PackedLinear`` stores it:
+                               the d_out * d_in codes packed 8 // bits to a byte (the last byte padded), one fp32
+                               scale and one uint8 zero point per output row, the fp32 bias (Frantar et al. 2022)
 check_cosine_gradient(fn)      fn(student_hidden, teacher_hidden) (B, T, d) -> d L_cos / d student_hidden, by the
                                derivation, not autograd, of DistilBERT's L_cos = mean over the B*T tokens of
                                1 - cos(s, t): -(t / |t| - cos(s, t) s / |s|) / (|s| B T), the part of t-hat
@@ -30,6 +33,7 @@ __all__ = [
     "check_two_four_mask",
     "check_distillation_loss",
     "check_cosine_gradient",
+    "check_packed_bytes",
 ]
 
 SECOND_LEVEL_BLOCK = 256  # first-level scales per fp32 second-level scale (QLoRA's choice)
@@ -46,6 +50,12 @@ def nf4_bytes(n_params: int, block: int, double_quant: bool) -> float:
 def int8_size_ratio(d_out: int, d_in: int, per_channel: bool) -> float:
     scales = d_out if per_channel else 1
     return (d_out * d_in + 4 * scales + 4 * d_out) / (4 * d_out * d_in + 4 * d_out)
+
+
+def packed_bytes(d_out: int, d_in: int, bits: int) -> int:
+    """The reference: what ``PackedLinear``'s buffers hold (the tests check the two agree)."""
+    per_byte = 8 // bits
+    return -(-d_out * d_in // per_byte) + 4 * d_out + 1 * d_out + 4 * d_out
 
 
 def check_nf4_bytes(fn) -> CheckResult:
@@ -124,4 +134,18 @@ def check_cosine_gradient(fn) -> CheckResult:
         # fp32 norms and dot products of O(1)-O(10) vectors: relative error a few ulps; 1e-6 absolute covers the
         # zero-gradient case, where autograd's answer is itself rounding noise of order 1e-8
         g.compare(name, got, expected, atol=1e-6, rtol=1e-4)
+    return g.result()
+
+
+def check_packed_bytes(fn) -> CheckResult:
+    g = Grader("check_packed_bytes")
+    # (3, 5) and (5, 7): an odd number of codes, so the last byte is half (or a quarter) empty but stored
+    for d_out, d_in, bits in [(384, 384, 4), (1536, 384, 4), (384, 1536, 8), (3, 5, 4), (5, 7, 2), (4096, 4096, 4)]:
+        g.compare(
+            f"d_out={d_out}, d_in={d_in}, bits={bits}",
+            g.call(fn, d_out, d_in, bits),
+            packed_bytes(d_out, d_in, bits),
+            rtol=0,
+            atol=0,
+        )
     return g.result()
