@@ -6,8 +6,9 @@ with respect to activations and to weights). N leaves out the embedding tables (
 matmul) but keeps the output projection, even when it is tied to the token embeddings; it leaves
 out biases and norm gains too, which are additions, not multiplications (``matmul_parameters``).
 Attention adds what no weight accounts for, the score and value products: 2 * 2 * n_layers * T *
-d_model per token forward, so 12 * n_layers * T * d_model for training (Kaplan et al. 2020,
-table 1; Chowdhery et al. 2022, appendix B).
+d_model per token forward, so 12 * n_layers * T * d_model for training (Chowdhery et al. 2022,
+appendix B: 6N + 12LHQT with HQ = d_model). Kaplan et al. 2020, table 1, count one such product per
+layer, 2 * n_layers * n_ctx * d_attn forward, half of this term.
 
     MFU = (FLOPs per token * tokens per second) / peak FLOP/s of the hardware
 
