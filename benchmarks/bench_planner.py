@@ -11,8 +11,10 @@ a warm-up step, one step under ``MemoryTracker`` (the peak of the busiest rank),
 steps (a step's time is its slowest rank's; the median is reported, the minimum beside it).
 
 The prediction is ``planner.evaluate`` on ``local_cluster``: one thread's fp32 matmul FLOP/s and gloo's
-alpha-beta, measured in this run (``llmedu.parallel.local_cluster``), the cores shared by the ranks, no
-overlap of communication with compute, and ONE calibration: the efficiency of the model's step
+alpha-beta, measured in this run (``llmedu.parallel.local_cluster``), and for each world size how the ranks
+share the CPU (``llmedu.parallel.shared_cores``: the speed a rank keeps while all compute, timed on the
+model's step, and what a blocking message waits beyond alpha-beta), no overlap of communication with
+compute, and ONE calibration: the efficiency of the model's step
 relative to the matmul probe, from the one-process layout (so that layout's time error is ~0 by
 construction; every other layout tests what the model adds: division of the work, collectives,
 bubble, shared cores). The targets (issue 23): peak memory within 10%, step time within 25%.
@@ -70,7 +72,12 @@ def main(argv=None) -> int:
         f"layer, {probes['overheads'][1] * 1e3:.2f} ms per micro-batch; {cores} cores"
     )
     for w, link in probes["links"].items():
-        print(f"probes: gloo, {w} ranks: alpha {link.latency * 1e6:.0f} us, beta {link.bandwidth / 1e9:.2f} GB/s")
+        share = probes["sharing"][w]
+        print(
+            f"probes: gloo, {w} ranks: alpha {link.latency * 1e6:.0f} us, beta {link.bandwidth / 1e9:.2f} GB/s; "
+            f"a rank keeps {share.speed:.0%} of its speed when all {w} compute; a blocking message waits "
+            f"{share.wait * 1e3:.2f} ms beyond alpha-beta ({share.source})"
+        )
     measured = measure_layouts(cfg, args.sequences, LAYOUTS, args.steps)
     rows, efficiency = predict_layouts(cfg, args.sequences, LAYOUTS, measured, probes)
     print(f"calibration: the one-process step's FLOPs run at {efficiency:.0%} of the matmul probe's FLOP/s")
@@ -95,7 +102,15 @@ def main(argv=None) -> int:
         "adam_params_per_s": probes["adam_rate"] / 32,
         "overhead_ms": [o * 1e3 for o in probes["overheads"]],
         "efficiency": efficiency,
-        "links": {w: {"alpha_us": k.latency * 1e6, "beta_gbs": k.bandwidth / 1e9} for w, k in probes["links"].items()},
+        "links": {
+            w: {
+                "alpha_us": k.latency * 1e6,
+                "beta_gbs": k.bandwidth / 1e9,
+                "speed": probes["sharing"][w].speed,
+                "wait_ms": probes["sharing"][w].wait * 1e3,
+            }
+            for w, k in probes["links"].items()
+        },
         "memory_within_10pct": f"{mem_ok}/{len(rows)}",
         "time_within_25pct": f"{time_ok}/{len(rows)}",
         "rows": rows,

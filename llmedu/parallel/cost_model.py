@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..hardware.specs import ACCELERATORS, Accelerator
+from .shared_cores import Sharing
 
 __all__ = [
     "Link",
@@ -79,7 +80,9 @@ class Cluster:
     per layer, and per stage, in every micro-batch's forward and backward beyond its FLOPs (launching
     ops from Python); 0 for the GPU presets, where launches queue ahead of the kernels. ``cores``: the
     CPU cores that all ranks share, counted in threads (0: every rank has its own accelerator); with
-    more rank threads than cores, ranks take turns (``layout_cost.step_time``).
+    more rank threads than cores, ranks take turns (``layout_cost.step_time``). ``sharing``: what ranks that
+    share one CPU cost each other, measured (``shared_cores.Sharing``: the speed a rank keeps when all
+    compute, the wait of each blocking message); None: ideal turns on ``cores``, no wait.
     """
 
     name: str
@@ -99,6 +102,7 @@ class Cluster:
     micro_batch_overhead: float = 0.0
     cores: int = 0
     threads: int = 1
+    sharing: Sharing | None = None
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -111,6 +115,10 @@ class Cluster:
             raise ValueError(f"cluster {self.name!r}: overheads must be >= 0 seconds")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"cluster {self.name!r}: efficiency must be in (0, 1], got {self.efficiency}")
+        if self.sharing is not None and self.sharing.world != self.world_size:
+            raise ValueError(
+                f"cluster {self.name!r}: sharing was measured with {self.sharing.world} ranks, the cluster has {self.world_size}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -120,6 +128,18 @@ class Cluster:
     def flops(self) -> float:
         """Sustained matmul FLOP/s of one accelerator in the cluster's precision: peak x efficiency."""
         return self.accelerator.peak_flops_16bit * self.efficiency
+
+    def shared_speed(self, ranks: int) -> float:
+        """Fraction of its own speed a rank keeps while ``ranks`` ranks compute at once: 1 with an accelerator
+        each; measured where ranks share a CPU (``sharing``), else ideal turns, min(1, cores / their threads)."""
+        if self.sharing is not None:
+            return self.sharing.speed
+        return min(1.0, self.cores / (ranks * self.threads)) if self.cores else 1.0
+
+    @property
+    def message_wait(self) -> float:
+        """Seconds each blocking message costs beyond its alpha-beta: 0 unless measured (``sharing``)."""
+        return self.sharing.wait if self.sharing is not None else 0.0
 
     def link(self, group_size: int, stride: int = 1) -> Link:
         """The slowest link a group of ``group_size`` ranks, ``stride`` apart in rank order, crosses.

@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 from ..models.config import TransformerConfig
 from ..models.counting import flops_per_token
 from .cost_model import PRECISIONS, Cluster, all_reduce_time, collective_time
+from .shared_cores import blocking_hops
 
 __all__ = [
     "Layout",
@@ -318,15 +319,23 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
         optimizer = 32 * shard / cluster.accelerator.memory_bandwidth
     parts = {"compute": m * compute, "bubble": (layout.pp - 1) / layout.virtual * slot}
     parts.update(tp=m * tp, cp=m * cp, ep=m * ep, pp=m * p2p, dp=dp, optimizer=optimizer)
-    critical = pipeline + dp + optimizer  # the critical path, every rank at its full speed
-    threads = layout.world * cluster.threads
+    if cluster.sharing is not None and layout.world != cluster.world_size:
+        raise ValueError(
+            f"{layout} has {layout.world} ranks; the cluster's sharing was measured with {cluster.world_size}"
+        )
+    # each hop of the busiest rank's blocking messages waits for a process to be scheduled (0 on GPUs)
+    waits = cluster.message_wait * blocking_hops(cfg, layout, pieces, m)
+    parts["waits"] = waits
+    critical = pipeline + dp + optimizer + waits  # the critical path, every rank at its full speed
+    speed = cluster.shared_speed(layout.world)
     shared = 0.0
-    if cluster.cores and threads > cluster.cores:
-        # more rank threads than cores: they take turns. The machine's CPU work (each rank's compute and
-        # optimizer step) spread over its cores, plus the waits on messages, may outlast the critical path;
-        # a pipeline's idle ranks give their core to the busy ones, so its bubble costs less than on GPUs
-        work = (m * compute + optimizer) * threads / cluster.cores
-        shared = max(0.0, work + m * (tp + cp + ep + p2p) + dp - critical)
+    if speed < 1:
+        # ranks that share the CPU slow each other (take turns on too few cores, or share what a core has).
+        # Each rank's CPU work (compute and optimizer step) at its shared speed, plus the waits on messages,
+        # may outlast the critical path; a pipeline's idle ranks leave the CPU to the busy ones, so its
+        # bubble costs less than on GPUs
+        work = (m * compute + optimizer) / speed
+        shared = max(0.0, work + m * (tp + cp + ep + p2p) + dp + waits - critical)
     parts["shared cores"] = shared
     parts["total"] = critical + shared
     return parts

@@ -11,8 +11,8 @@ AdamW) trained with our wrappers on ``launch``'s processes:
 
 For each layout: one warm-up step, one step under ``MemoryTracker`` (the busiest rank's peak), then
 timed steps (a step's time is its slowest rank's). ``predict`` costs the same layouts with
-``planner.evaluate`` on ``local_cluster`` (this machine, measured), its compute efficiency calibrated
-on a one-process layout. ``benchmarks/bench_planner.py`` and lesson 13 use both.
+``planner.evaluate`` on ``local_cluster`` (this machine, measured: how the ranks share it too), its compute
+efficiency calibrated on a one-process layout. ``benchmarks/bench_planner.py`` and lesson 13 use both.
 
 Left out: sequence, context and expert parallelism (the model has them; ``mesh`` does not build them),
 ZeRO with TP or PP, interleaved schedules, offload.
@@ -39,6 +39,7 @@ from .local_cluster import (
     measure_thread_flops,
 )
 from .planner import evaluate
+from .shared_cores import measure_sharing
 
 __all__ = ["small_gpt", "build", "measure_layouts", "probe_machine", "predict_layouts"]
 
@@ -168,13 +169,16 @@ def measure_layouts(cfg: TransformerConfig, sequences: int, layouts, steps: int)
 
 
 def probe_machine(cfg, worlds, cores) -> dict:
-    """Everything the local cluster measures, once: matmul FLOP/s, AdamW's rate, overheads, gloo per world."""
+    """Everything the local cluster measures, once: matmul FLOP/s, AdamW's rate, overheads, and per world
+    gloo's alpha-beta and what the ranks cost each other (``shared_cores.measure_sharing``)."""
+    links = {w: measure_gloo_link(w) for w in worlds if w > 1}
     return {
         "cores": cores,
         "thread_flops": measure_thread_flops(),
         "adam_rate": measure_adam_rate(),
         "overheads": measure_overheads(cfg),
-        "links": {w: measure_gloo_link(w) for w in worlds if w > 1},
+        "links": links,
+        "sharing": {w: measure_sharing(cfg, w, link) for w, link in links.items()},
     }
 
 
@@ -194,6 +198,7 @@ def predict_layouts(cfg, sequences, layouts, measured, probes) -> tuple[list[dic
             threads=1,
             adam_rate=probes["adam_rate"],
             overheads=probes["overheads"],
+            sharing=probes.get("sharing", {}).get(world),
         )
 
     ref = layouts[0]

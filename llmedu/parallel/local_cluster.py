@@ -17,11 +17,16 @@ talking through gloo over the loopback device. What is **measured** when ``local
 
 What is **assumed**, and said in the cluster's fields:
 
-* the machine's ``cores`` run one thread each at the probed speed; a rank runs ``threads`` of them
+* ``sharing`` (``shared_cores``), when passed as measured: the fraction of its speed alone a rank keeps
+  while all ``world`` ranks compute, timed on the model's own step, and the wait each blocking message
+  costs beyond gloo's alpha-beta when the ranks compute between messages. Not passed, it is assumed:
+  the machine's ``cores`` run one thread each at the probed speed; a rank runs ``threads`` of them
   (``launch`` gives each $OMP_NUM_THREADS, by default ``cores // world``, at least one). With more rank
   threads than cores, the ranks take turns: when all compute at once each runs at
-  ``flops * min(threads, cores / world)`` (4 ranks on 2 cores: half a core each), and a rank that
-  waits leaves its core to the others (``layout_cost.step_time`` models both);
+  ``flops * min(threads, cores / world)`` (4 ranks on 2 cores: half a core each), and a message waits
+  for nothing beyond its alpha-beta. Either way a rank that waits leaves its core to the others
+  (``layout_cost.step_time``). On this machine the assumption is wrong: its two vCPUs do not give two
+  ranks twice one's speed, and the idle probe of gloo misses the waits (``bench_planner`` shows both);
 * ``efficiency``: the fraction of that matmul speed a training step of the model sustains (its small
   matmuls, attention's softmax, layer norms, Python between the ops). It is not a GPU's assumed 60%:
   pass the ratio measured on a one-process run of the same model (``calibrate_efficiency``), stated
@@ -47,6 +52,7 @@ import torch
 from ..hardware.probe import measure_matmul_flops
 from ..hardware.specs import Accelerator
 from .cost_model import Cluster, Link
+from .shared_cores import Sharing
 
 __all__ = [
     "measure_thread_flops",
@@ -200,6 +206,7 @@ def local_cluster(
     threads: int | None = None,
     adam_rate: float | None = None,
     overheads: tuple[float, float] = (0.0, 0.0),
+    sharing: Sharing | None = None,
 ) -> Cluster:
     """``world`` ranks on this CPU as a one-node ``Cluster`` in fp32 (see the module docstring).
 
@@ -207,7 +214,8 @@ def local_cluster(
     between ``world`` processes; a world of 1 gets a link that is never used), ``cores`` (os.cpu_count),
     ``threads`` per rank (what ``launch`` gives: $OMP_NUM_THREADS if set, else max(1, cores // world)).
     The accelerator's "16-bit peak" field holds what a rank's fp32 matmuls reach: the cost model
-    reads it as the peak it applies ``efficiency`` to.
+    reads it as the peak it applies ``efficiency`` to. ``sharing`` is not measured here (it times the
+    model: ``shared_cores.measure_sharing``); without it, ideal turns on the cores are assumed.
     """
     cores = os.cpu_count() if cores is None else cores
     if not isinstance(cores, int) or cores < 1:
@@ -255,11 +263,17 @@ def local_cluster(
         efficiency_source,
         host,
         bandwidth,
-        notes=f"{link.name}: alpha {link.latency * 1e6:.0f} us, beta {link.bandwidth / 1e9:.2f} GB/s ({link.source})",
+        notes=f"{link.name}: alpha {link.latency * 1e6:.0f} us, beta {link.bandwidth / 1e9:.2f} GB/s ({link.source}); "
+        + (
+            f"sharing: speed {sharing.speed:.2f}, wait {sharing.wait * 1e3:.2f} ms ({sharing.source})"
+            if sharing
+            else "sharing: assumed, ideal turns on the cores and no wait"
+        ),
         precision="fp32",
         overlap=False,
         layer_overhead=overheads[0],
         micro_batch_overhead=overheads[1],
         cores=cores,
         threads=threads,
+        sharing=sharing,
     )

@@ -1,0 +1,240 @@
+"""Ranks that share one CPU: how fast each computes when all do, and what a blocking message costs them.
+
+On a GPU cluster every rank has its own accelerator: its speed does not depend on what the other ranks
+do, and a collective starts as soon as the last rank calls it. Several processes on one CPU (lesson 13's
+"predicted vs measured") break both, and ``bench_planner`` showed by how much: two ranks on this
+machine's two cores ran data parallelism no faster than one process, and layouts with many blocking
+collectives (ZeRO's per-layer gathers, TP's all-reduces) missed by a few ms per collective. Two terms,
+each **measured** with ``world`` processes of one thread each (``measure_sharing``):
+
+* ``speed``: the fraction of its speed alone that one rank keeps while all ``world`` ranks compute.
+  Timed on the model's own work (one micro-batch's forward and backward and AdamW's step), rank 0 alone
+  (the others asleep in a collective) and then all at once, alternating, so that the machine's drift
+  cancels in the ratio; the mean over the ranks of (time alone / time together), i.e. the machine's
+  throughput shared equally (the ranks of a step meet at every collective, so none runs far ahead).
+  Ideal cores give min(1, cores / ranks); cores that share caches, a memory bus or a host with other
+  tenants give less. This machine's two vCPUs gave two such steps at once about half their speed alone
+  in one probe (a matmul alone scaled ~1.6x, layer norm + GELU ~1.1x), and more or less in others.
+* ``wait``: what each hop of a blocking collective costs beyond the link's alpha-beta when the ranks
+  compute between collectives, as in a training step (the link is fitted to all-reduces of 4 KiB to
+  4 MiB with the ranks idle). Each rank alternates a 512 x 512 matmul and a 4 KiB all-reduce;
+  ``wait`` = (time of the pair - time of the matmul alone, all ranks running - the link's model of that
+  all-reduce) / its 2 (world - 1) ring steps. Per hop because a hop is the unit that waits: each one
+  wakes a process, on a core that another rank may be computing on.
+
+``layout_cost.step_time`` charges ``wait`` for every hop of the busiest rank's blocking messages
+(``blocking_hops``, counted from our wrappers' code: 2 (p - 1) for an all-reduce over p ranks, p - 1 for
+a reduce-scatter or all-gather, 1 for a pipeline's receive) and divides each rank's CPU work by
+``speed``. GPU presets have neither (speed 1, wait 0), so nothing changes for them.
+
+What the probes showed, and what this leaves out. The hypothesis this module started from (a collective
+waits longer when its peers are busy computing than when they are idle) was not what the measurements
+showed: with 4 ranks on 2 cores a 4 KiB all-reduce took about as long between matmuls as back to back
+(~6 ms either way, scattered by +-1.5 ms), and about twice the fitted link's 6 alpha; with 2 ranks the
+busy round exceeded the idle one by 0.1-0.8 ms. So ``wait`` is mostly the small-message latency that the
+alpha-beta fit (dominated by the large sizes) misses, plus the scheduling, not a busy-peer effect alone.
+It is probed with one message size and one amount of work between messages; gloo's reduce-scatter
+(about an all-reduce's time in the same probe) and all-gather are charged as rings of p - 1 hops; a
+receive is charged one hop though it wakes one process, not a ring; the vocabulary-parallel
+collectives counted here get their wait but not their alpha-beta (``step_time`` charges TP four
+all-reduces a layer); neither term depends on which ranks share a core (the OS decides, and moves them).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "Sharing",
+    "measure_sharing",
+    "sharing_from",
+    "messages_per_micro_batch",
+    "messages_per_step",
+    "hops",
+    "blocking_hops",
+]
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How ``world`` single-thread ranks on one CPU slow each other down (see the module docstring)."""
+
+    world: int
+    speed: float  # fraction of its alone speed a rank keeps when all compute at once, in (0, 1]
+    wait: float  # seconds a blocking message costs beyond the link's alpha-beta, >= 0
+    source: str
+
+    def __post_init__(self):
+        if not isinstance(self.world, int) or self.world < 1:
+            raise ValueError(f"world must be a positive int, got {self.world!r}")
+        if not 0 < self.speed <= 1:
+            raise ValueError(f"speed must be in (0, 1] (a fraction of the speed alone), got {self.speed!r}")
+        if not self.wait >= 0:
+            raise ValueError(f"wait must be >= 0 seconds, got {self.wait!r}")
+
+
+def _model_step(cfg, micro_batch: int):
+    """One rank's own work: forward + backward of a (micro_batch, T) micro-batch and AdamW's step."""
+    from ..models.gpt import CausalLM, lm_loss
+
+    torch.manual_seed(0)
+    model = CausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.zeros(micro_batch, cfg.max_seq_len, dtype=torch.long)  # (b, T)
+
+    def step():
+        lm_loss(model(ids), ids).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    return step
+
+
+def _probe(cfg, micro_batch: int, steps: int, work_n: int, rounds: int, repeats: int) -> tuple[float, float, float]:
+    """In each rank: (the median over ``repeats`` of the ranks' mean speed together relative to rank 0 alone,
+    the slowest rank's median round of matmul work, and of the same work + a 4 KiB all-reduce). Alone and
+    together alternate, so that the machine's drift in speed (other tenants, clocks) cancels in the ratio."""
+    import torch.distributed as dist
+
+    def total(value: float, op=dist.ReduceOp.SUM) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=op)
+        return t.item()
+
+    def median_of(call, n: int) -> float:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    step = _model_step(cfg, micro_batch)
+    step()  # warm-up: the optimizer's state, allocations
+    speeds = []
+    for _ in range(repeats):
+        dist.barrier()
+        alone = total(median_of(step, steps) if rank == 0 else 0.0)  # the others wait in the collective
+        dist.barrier()
+        speeds.append(total(alone / median_of(step, steps)) / world)
+    a, b, x = torch.randn(work_n, work_n), torch.randn(work_n, work_n), torch.ones(1024)  # x: 4 KiB
+
+    def both():
+        a @ b
+        dist.all_reduce(x)
+
+    def per_round(call) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            call()
+        return total((time.perf_counter() - start) / rounds, dist.ReduceOp.MAX)
+
+    both()
+    pairs = [(per_round(lambda: a @ b), per_round(both)) for _ in range(repeats)]
+    return statistics.median(speeds), statistics.median(w for w, _ in pairs), statistics.median(p for _, p in pairs)
+
+
+def measure_sharing(
+    cfg,
+    world: int,
+    link,
+    *,
+    micro_batch: int = 1,
+    steps: int = 4,
+    work_n: int = 512,
+    rounds: int = 40,
+    repeats: int = 5,
+) -> Sharing:
+    """Measure ``speed`` and ``wait`` for ``world`` ranks of one thread (the module docstring says how).
+
+    ``cfg`` is the model whose step (a micro-batch of ``micro_batch`` sequences) is timed; ``link`` the
+    ``cost_model.Link`` measured for this world (its alpha-beta of a 4 KiB all-reduce is taken off the round).
+    """
+    from .cost_model import all_reduce_time
+    from .launch import launch
+
+    if not isinstance(world, int) or world < 2:
+        raise ValueError(f"sharing needs at least 2 ranks to measure, got world={world!r}")
+    speed, work, paired = launch(_probe, world, cfg, micro_batch, steps, work_n, rounds, repeats, echo=False)[0]
+    return sharing_from(world, speed, paired - work, all_reduce_time(4096, world, link)[0])
+
+
+def sharing_from(world: int, speed: float, message: float, modelled: float) -> Sharing:
+    """The two terms from the probe: the ranks' mean ``speed`` together relative to alone, a 4 KiB all-reduce
+    round under load (``message``: work + all-reduce - work, s) and the link's model of it (s). The wait is
+    per hop: what the round exceeds the model by, over the all-reduce's 2 (world - 1) ring steps."""
+    if not speed > 0 or message < 0 or modelled < 0:
+        raise ValueError(f"need a positive speed and message times >= 0, got {speed}, {message}, {modelled}")
+    wait = max(0.0, message - modelled) / (2 * (world - 1))
+    source = (
+        f"measured on {world} one-thread processes: each keeps {min(speed, 1.0):.0%} of its speed alone in the "
+        f"model's step while all compute; a 4 KiB all-reduce between matmuls {message * 1e3:.2f} ms vs "
+        f"{modelled * 1e3:.2f} ms by the idle link's alpha-beta, over {2 * (world - 1)} hops"
+    )
+    return Sharing(world, min(1.0, speed), wait, source)
+
+
+def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
+    """Blocking messages of the busiest rank in one micro-batch slot, by kind, counted from our wrappers' code:
+
+    tp   4 all-reduces a layer (2 forward, 2 backward; 2 more forward with full recomputation), and the
+         vocabulary-parallel ends (``tensor_parallel``): the embedding's all-reduce, the head's in backward
+         and the loss's three (max, sum of exponentials, target logit), the last three on the last stage
+    cp   3 (cp - 1) ring sends a layer (K and V forward, twice that in backward); ep 4 all-to-alls a MoE layer
+    pp   the receives a stage blocks on: 1 (an end stage of two) or 2 (an activation and a gradient)
+    """
+    from .layout_cost import stage_layers
+
+    layers = stage_layers(cfg, layout)
+    tp = 0
+    if layout.tp > 1:
+        ends = 5 if layout.pp == 1 else 4  # the busiest stage: the last, with the head and the loss
+        tp = layers * (4 + 2 * (layout.recompute == "full")) + ends
+    moe = cfg.moe is not None and layout.ep > 1
+    pp = 0 if layout.pp == 1 else 1 if layout.pp == 2 else 2
+    return {"tp": tp, "cp": layers * 3 * (layout.cp - 1), "ep": layers * 4 * moe, "pp": pp}
+
+
+def messages_per_step(layout, pieces: int, micro_batches: int) -> dict[str, int]:
+    """Blocking collectives of the data-parallel sync in one step (``pieces``: DDP's buckets or ZeRO's units):
+    an all-reduce a bucket ("dp all-reduce"); ZeRO-1/2 a reduce-scatter and an all-gather a unit ("dp shard")
+    and the gradient norm's all-reduce; ZeRO-3 a reduce-scatter a unit, the norm, and two gathers a unit in
+    every micro-batch."""
+    if layout.dp * layout.cp == 1:
+        return {"dp all-reduce": 0, "dp shard": 0}
+    if layout.zero >= 3:
+        return {"dp all-reduce": 1, "dp shard": pieces + 2 * pieces * micro_batches}
+    return {"dp all-reduce": 1, "dp shard": 2 * pieces} if layout.zero else {"dp all-reduce": pieces, "dp shard": 0}
+
+
+def hops(kind: str, layout) -> int:
+    """Ring steps of one message of ``kind``, each a process to wake: 2 (p - 1) for an all-reduce over p ranks,
+    p - 1 for a reduce-scatter, all-gather or all-to-all, 1 for a send (``cost_model``'s formulas)."""
+    shards = layout.dp * layout.cp
+    steps = {
+        "tp": 2 * (layout.tp - 1),
+        "cp": 1,
+        "ep": layout.ep - 1,
+        "pp": 1,
+        "dp all-reduce": 2 * (shards - 1),
+        "dp shard": shards - 1,
+    }
+    if kind not in steps:
+        raise ValueError(f"unknown kind of message {kind!r}; one of {list(steps)}")
+    return steps[kind]
+
+
+def blocking_hops(cfg, layout, pieces: int, micro_batches: int) -> float:
+    """Hops of the busiest rank's blocking messages in one step: the micro-batch's in every slot of the
+    pipeline (m + (pp - 1) / v, as ``step_time`` charges their alpha-beta), then the data-parallel sync's."""
+    slots = micro_batches + (layout.pp - 1) / layout.virtual
+    per_slot = sum(n * hops(k, layout) for k, n in messages_per_micro_batch(cfg, layout).items())
+    return slots * per_slot + sum(
+        n * hops(k, layout) for k, n in messages_per_step(layout, pieces, micro_batches).items()
+    )
