@@ -72,7 +72,7 @@ def quantization_rows(base, val, batch, repeats, measure, calibration):
     add("GPTQ 4-bit encoder linears", "4 bit, per-row grid", gptq)
     add("GPTQ 4-bit + int8 embeddings", "4 bit, embeddings 8", int8_embeddings(copy.deepcopy(gptq)))
     held_out = [val[i] for i in range(min(4, len(val)))]  # the first 256 validation snippets (batches of 64)
-    errors = {m: rows_quant.logit_error(base, model, held_out) for m, model in models.items()}
+    errors = rows_quant.logit_errors(base, models, held_out)
     return rows, errors
 
 

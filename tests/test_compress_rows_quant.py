@@ -178,6 +178,23 @@ def test_gptq_model_has_lower_layer_error_than_rtn_on_the_same_weights(tiny_bert
     assert sum(e_gptq.values()) < 0.6 * sum(e_rtn.values())
 
 
+def test_logit_errors_by_hand(tiny_bert):
+    data = batches(n=2, seed=4)
+    shifted = copy.deepcopy(tiny_bert)
+    with torch.no_grad():
+        shifted.classifier.bias += 0.5  # every logit moves by 0.5
+
+    def logits(model):
+        with torch.no_grad():
+            return torch.cat([model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits for b in data])
+
+    errors = rows_quant.logit_errors(tiny_bert, {"same": tiny_bert, "shifted": shifted}, data)
+    assert errors["same"] == 0
+    # ||0.5 * ones|| / ||z||, over the 16 snippets' 2 logits each
+    assert errors["shifted"] == pytest.approx(0.5 * math.sqrt(32) / float(logits(tiny_bert).norm()), rel=1e-5)
+    assert rows_quant.logit_error(tiny_bert, shifted, data) == errors["shifted"]
+
+
 def test_calibration_reads_the_training_split(monkeypatch):
     from llmedu.compress import finetuned
 

@@ -59,6 +59,7 @@ __all__ = [
     "gptq_linears",
     "layer_errors",
     "w8a8_layer_errors",
+    "logit_errors",
     "logit_error",
 ]
 
@@ -243,13 +244,20 @@ def w8a8_layer_errors(model: nn.Module, smoothed: nn.Module, batches: list[dict]
 
 
 @torch.no_grad()
-def logit_error(reference: nn.Module, model: nn.Module, batches: Iterable[dict]) -> float:
-    """||z - z_ref|| / ||z_ref|| over the logits of every snippet of ``batches``: how far a quantized
-    model's outputs move, finer than accuracy, which only sees the argmax."""
-    diff = norm = 0.0
-    for b in batches:
-        ref = reference(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # (B, 2)
-        out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float()  # (B, 2)
-        diff += float((out - ref).pow(2).sum())
-        norm += float(ref.pow(2).sum())
-    return (diff / norm) ** 0.5
+def logit_errors(reference: nn.Module, models: dict[str, nn.Module], batches: list[dict]) -> dict[str, float]:
+    """name -> ||z - z_ref|| / ||z_ref|| over the logits of every snippet of ``batches``: how far each quantized
+    model's outputs move, finer than accuracy, which only sees the argmax. The reference runs once."""
+    batches = list(batches)
+
+    def logits(model):
+        return torch.cat(
+            [model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.float() for b in batches]
+        )
+
+    ref = logits(reference)  # (N, classes)
+    return {name: float((logits(m) - ref).norm() / ref.norm()) for name, m in models.items()}
+
+
+def logit_error(reference: nn.Module, model: nn.Module, batches: list[dict]) -> float:
+    """``logit_errors`` for one model."""
+    return logit_errors(reference, {"model": model}, batches)["model"]
