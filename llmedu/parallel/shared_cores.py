@@ -203,14 +203,17 @@ def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
 
 def messages_per_step(layout, pieces: int, micro_batches: int) -> dict[str, int]:
     """Blocking collectives of the data-parallel sync in one step (``pieces``: DDP's buckets or ZeRO's units):
-    an all-reduce a bucket ("dp all-reduce"); ZeRO-1/2 a reduce-scatter and an all-gather a unit ("dp shard")
-    and the gradient norm's all-reduce; ZeRO-3 a reduce-scatter a unit, the norm, and two gathers a unit in
-    every micro-batch."""
+    an all-reduce a bucket ("dp all-reduce"); ZeRO, the gradient norm's all-reduce and, a unit ("dp shard"):
+    ZeRO-1 a reduce-scatter and an all-gather at the step; ZeRO-2 a reduce-scatter in every micro-batch's
+    backward and an all-gather at the step; ZeRO-3 a reduce-scatter and two gathers in every micro-batch.
+    (``step_time``'s alpha-beta charges ZeRO-2/3's reduce-scatters once a step, as if accumulated first.)"""
     if layout.dp * layout.cp == 1:
         return {"dp all-reduce": 0, "dp shard": 0}
-    if layout.zero >= 3:
-        return {"dp all-reduce": 1, "dp shard": pieces + 2 * pieces * micro_batches}
-    return {"dp all-reduce": 1, "dp shard": 2 * pieces} if layout.zero else {"dp all-reduce": pieces, "dp shard": 0}
+    if not layout.zero:
+        return {"dp all-reduce": pieces, "dp shard": 0}
+    reduce_scatters = pieces * (micro_batches if layout.zero >= 2 else 1)
+    gathers = pieces * (2 * micro_batches if layout.zero >= 3 else 1)
+    return {"dp all-reduce": 1, "dp shard": reduce_scatters + gathers}
 
 
 def hops(kind: str, layout) -> int:

@@ -1,0 +1,146 @@
+"""Ranks that share one CPU (``shared_cores``): the two measured terms, how the cost model charges them,
+and the message counts they are charged on, checked against what our wrappers really send."""
+
+import collections
+from dataclasses import replace
+
+import pytest
+import torch
+
+from llmedu.parallel.cost_model import Link, cluster
+from llmedu.parallel.layout_cost import Batch, Layout, step_time
+from llmedu.parallel.layout_run import build, small_gpt
+from llmedu.parallel.local_cluster import local_cluster
+from llmedu.parallel.shared_cores import Sharing, hops, messages_per_micro_batch, messages_per_step, sharing_from
+
+LINK = Link("test link", bandwidth=1e9, latency=1e-4, source="a test")
+KNOWN = dict(cores=2, thread_flops=1e10, link=LINK, adam_rate=1e9, memory_bytes=2**34, threads=1)
+CFG, BATCH = small_gpt(64, 4, 32), Batch(8, 32)
+
+
+def machine(world, speed=None, wait=0.0, **changes):
+    sharing = None if speed is None else Sharing(world, speed, wait, "a test")
+    return local_cluster(world, sharing=sharing, **{**KNOWN, **changes})
+
+
+def test_the_probe_times_become_a_speed_and_a_wait_per_hop():
+    s = sharing_from(4, speed=0.4, message=0.009, modelled=0.003)
+    assert (s.speed, s.wait) == pytest.approx((0.4, 0.001))  # 6 ms over the 6 hops of a 4-rank ring
+    assert "40%" in s.source and "6 hops" in s.source
+    # never faster than alone, and a message never waits less than nothing
+    assert sharing_from(2, 1.2, 0.0005, 0.001).speed == 1.0
+    assert sharing_from(2, 1.2, 0.0005, 0.001).wait == 0.0
+
+
+def test_ranks_with_a_core_each_and_no_wait_cost_what_they_did_before():
+    """Two ranks on two cores, nothing measured: no shared-cores part, no waits; a measured speed of 1
+    and wait of 0 gives the same step; a GPU preset has neither term."""
+    lay = Layout(tp=2, micro_batch=8, sequence_parallel=False)
+    assumed = step_time(CFG, lay, BATCH, machine(2))
+    measured_ideal = step_time(CFG, lay, BATCH, machine(2, speed=1.0, wait=0.0))
+    assert assumed["waits"] == 0 and assumed["shared cores"] == 0
+    assert measured_ideal == assumed
+    gpus = cluster("dgx-a100")
+    assert gpus.message_wait == 0 and gpus.shared_speed(8) == 1.0
+    assert step_time(CFG, replace(lay, tp=8, micro_batch=1), Batch(1, 32), gpus)["waits"] == 0
+
+
+def test_the_wait_is_charged_once_per_hop_of_each_blocking_message():
+    """Counted by hand from the wrappers (CFG: 4 layers, 8 sequences): TP2 with one micro-batch of 8 sends
+    16 + 5 all-reduces of 2 hops; ZeRO-1 over 4 ranks, 5 units: 10 reduce-scatters and all-gathers of 3 hops
+    and the norm's all-reduce of 6; ZeRO-3 with 2 micro-batches: 2 x 5 reduce-scatters and 2 x 2 x 5 gathers
+    (3 hops) and the norm (6); PP4 with 8 micro-batches: 2 receives in each of 8 + 3 slots."""
+    for lay, count in (
+        (Layout(tp=2, micro_batch=8, sequence_parallel=False), 21 * 2),
+        (Layout(dp=4, zero=1, micro_batch=2), 10 * 3 + 6),
+        (Layout(dp=4, zero=3, micro_batch=1), 30 * 3 + 6),
+        (Layout(pp=4, micro_batch=1), 2 * 11),
+        (Layout(dp=2, micro_batch=4), 2),
+    ):
+        parts = step_time(CFG, lay, BATCH, machine(lay.world, speed=1.0, wait=1e-3))
+        assert parts["waits"] == pytest.approx(count * 1e-3), str(lay)
+
+
+def test_the_wait_grows_with_the_message_count():
+    """More layers: more TP all-reduces; ZeRO-3 gathers every unit in every micro-batch, ZeRO-1 once."""
+    waits = lambda cfg, lay: step_time(cfg, lay, BATCH, machine(lay.world, speed=1.0, wait=1e-3))["waits"]  # noqa: E731
+    tp = Layout(tp=2, micro_batch=8, sequence_parallel=False)
+    assert waits(small_gpt(64, 2, 32), tp) < waits(CFG, tp)
+    zero = [waits(CFG, Layout(dp=4, zero=z, micro_batch=1)) for z in (0, 1, 3)]
+    assert zero[0] < zero[1] < zero[2]
+    slow = step_time(CFG, tp, BATCH, machine(2, speed=1.0, wait=2e-3))
+    fast = step_time(CFG, tp, BATCH, machine(2, speed=1.0, wait=1e-3))
+    assert slow["total"] - fast["total"] == pytest.approx(fast["waits"])
+
+
+def test_a_measured_speed_below_one_slows_every_rank_s_work():
+    """Two ranks on two cores that keep 60% of their speed when both compute: the step is their work at
+    60% plus the all-reduce, where ideal cores would give the work at full speed."""
+    lay = Layout(dp=2, micro_batch=4)
+    ideal = step_time(CFG, lay, BATCH, machine(2))
+    shared = step_time(CFG, lay, BATCH, machine(2, speed=0.6))
+    assert shared["total"] == pytest.approx((ideal["compute"] + ideal["optimizer"]) / 0.6 + ideal["dp"])
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: Sharing(2, 0.0, 0.0, "x"), "speed must be in"),
+        (lambda: Sharing(2, 1.5, 0.0, "x"), "speed must be in"),
+        (lambda: Sharing(2, 0.5, -1e-3, "x"), "wait must be >= 0"),
+        (lambda: Sharing(0, 0.5, 0.0, "x"), "world must be a positive int"),
+        (lambda: sharing_from(2, 0.0, 0.01, 0.001), "need a positive speed"),
+        (lambda: hops("nccl", Layout()), "unknown kind of message"),
+        (lambda: local_cluster(4, sharing=Sharing(2, 0.5, 0.0, "x"), **KNOWN), "measured with 2 ranks"),
+        (lambda: step_time(CFG, Layout(dp=2), BATCH, machine(4, speed=0.5)), "has 2 ranks"),
+    ],
+)
+def test_nonsense_is_refused_with_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def _count_messages(cfg, sequences, layouts):
+    """On every rank: the blocking messages of one step of each layout, by patching torch.distributed."""
+    import torch.distributed as dist
+
+    names = ("all_reduce", "reduce_scatter_single", "all_gather_single", "recv")
+    tokens = torch.randint(0, cfg.vocab_size, (sequences, cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
+    rows = []
+    for lay in layouts:
+        step, _, _ = build(cfg, lay, tokens)
+        step()  # warm-up
+        counts, originals = collections.Counter(), {n: getattr(dist, n) for n in names}
+        for n, f in originals.items():
+            setattr(dist, n, lambda *a, _n=n, _f=f, **k: (counts.update([_n]), _f(*a, **k))[1])
+        try:
+            step()
+        finally:
+            for n, f in originals.items():
+                setattr(dist, n, f)
+        rows.append(sum(counts.values()))
+    return rows
+
+
+@pytest.mark.slow
+def test_the_counts_are_what_our_wrappers_send():
+    """Blocking collectives and receives of one step on the busiest rank, counted in the real wrappers, equal
+    the cost model's count (one micro-batch for the layouts without a pipeline; a pipeline's per micro-batch)."""
+    from llmedu.parallel.launch import launch
+
+    cfg, sequences = small_gpt(64, 2, 16), 4
+    layouts = [
+        Layout(tp=2, micro_batch=4, sequence_parallel=False),
+        Layout(dp=2, zero=1, micro_batch=2),
+        Layout(dp=2, zero=2, micro_batch=1),  # two micro-batches: a reduce-scatter in each
+        Layout(dp=2, zero=3, micro_batch=1),  # and the gathers too
+        Layout(dp=2, micro_batch=2),
+        Layout(pp=2, micro_batch=1),
+    ]
+    counted = launch(_count_messages, 2, cfg, sequences, layouts, echo=False, timeout=120)
+    for i, lay in enumerate(layouts):
+        m = sequences // (lay.dp * lay.micro_batch)
+        per_micro = sum(messages_per_micro_batch(cfg, lay).values())
+        pieces = cfg.n_layers + 1 if lay.zero else 1
+        expected = m * per_micro + sum(messages_per_step(lay, pieces, m).values())
+        assert max(rank[i] for rank in counted) == expected, str(lay)
