@@ -46,8 +46,10 @@ does not hide, then the optimizer step:
                host memory for the CPU's Adam (ZeRO-Offload, Ren et al. 2021), not overlapped
 
 Every collective is costed by ``cost_model`` on the slowest link its group crosses. Where ranks share
-CPU cores (``cluster.cores``, this machine), the step is the longer of that critical path and the
-ranks' CPU work spread over the cores plus their communication ("shared cores" in the breakdown).
+one CPU (this machine: ``cluster.sharing``, measured by ``shared_cores``, else ideal turns on
+``cluster.cores``), the step is the longer of that critical path and each rank's CPU work at the speed
+it keeps while all compute, plus its communication ("shared cores" in the breakdown); each hop of a
+blocking message also pays the measured wait ("waits"; 0 on GPUs).
 
 Left out: overlap of TP communication with compute, zero-bubble schedules, memory fragmentation
 and the CUDA context (the planner keeps a margin instead), kernel launch overheads, stragglers,
