@@ -25,8 +25,9 @@ What is **assumed**, and said in the cluster's fields:
   threads than cores, the ranks take turns: when all compute at once each runs at
   ``flops * min(threads, cores / world)`` (4 ranks on 2 cores: half a core each), and a message waits
   for nothing beyond its alpha-beta. Either way a rank that waits leaves its core to the others
-  (``layout_cost.step_time``). On this machine the assumption is wrong: its two vCPUs do not give two
-  ranks twice one's speed, and the idle probe of gloo misses the waits (``bench_planner`` shows both);
+  (``layout_cost.step_time``). On this machine the assumption can be far off: in one hour its two vCPUs
+  gave two copies of the model's step 52% of their speed alone in one probe and 94-96% in later ones
+  (``bench_planner``'s two-rank data parallelism was once no faster than one process);
 * ``efficiency``: the fraction of that matmul speed a training step of the model sustains (its small
   matmuls, attention's softmax, layer norms, Python between the ops). It is not a GPU's assumed 60%:
   pass the ratio measured on a one-process run of the same model (``calibrate_efficiency``), stated
