@@ -24,6 +24,7 @@ planner         which parallelism when: every layout of a cluster, those that fi
 published       published training runs (Megatron-LM, BLOOM, Llama 3) through the cost model
 local_cluster   this CPU as a Cluster: matmul FLOP/s, AdamW, overheads and gloo's alpha-beta measured
 layout_run      layouts trained for real on CPU processes, measured, with the planner's prediction beside them
+shared_cores    how ranks that share this CPU slow each other: the speed each keeps, and the wait per blocking message
 events          spans of compute and communication on each rank, for the timelines
 example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
                 script under our launcher and under torchrun
