@@ -42,6 +42,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ..peft.inject import replace_module
 from .gptq import PackedLinear, _check_packed_bits, layer_error
 from .int8 import QuantLinear, quantize_linears
 from .llm_int8 import LLMInt8Linear
@@ -103,11 +104,6 @@ def layernorm_fed_linears(model: nn.Module) -> list[tuple[str, list[str]]]:
     return groups
 
 
-def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent), child, module)
-
-
 class _Stop(Exception):
     """Raised by a hook to end a forward pass once everything asked for has been seen."""
 
@@ -155,7 +151,7 @@ def llm_int8_linears(model: nn.Module, threshold: float = 6.0) -> nn.Module:
         raise ValueError(f"the outlier threshold must be positive, got {threshold}")
     model = copy.deepcopy(model)
     for name, linear in encoder_linears(model).items():
-        _replace(model, name, LLMInt8Linear(linear, threshold))
+        replace_module(model, name, LLMInt8Linear(linear, threshold))
     return model.eval()
 
 
@@ -174,7 +170,7 @@ def smooth_linears(model: nn.Module, calibration_batches: Iterable[dict], alpha:
         modules = [model.get_submodule(n) for n in linears]
         s = smoothing_scales(act_absmax, [m.weight for m in modules], alpha)  # (d_in,)
         for name, module in zip(linears, modules):
-            _replace(model, name, SmoothedLinear(module, s))
+            replace_module(model, name, SmoothedLinear(module, s))
     return model
 
 
@@ -191,7 +187,7 @@ def rtn_linears(model: nn.Module, bits: int = 4) -> nn.Module:
     _check_packed_bits(bits)
     model = copy.deepcopy(model)
     for name, linear in encoder_linears(model).items():
-        _replace(model, name, PackedLinear.rtn(linear, bits))
+        replace_module(model, name, PackedLinear.rtn(linear, bits))
     return model.eval()
 
 
@@ -209,7 +205,7 @@ def gptq_linears(
         # one pass through blocks 0..i (the earlier ones already quantized), stopped after block i
         inputs = linear_inputs(model, batches, names, stop_after=f"bert.encoder.layer.{i}")
         for name in names:
-            _replace(
+            replace_module(
                 model, name, PackedLinear.gptq(linears[name], inputs[name], bits, damp=damp, block_size=block_size)
             )
     return model
