@@ -99,3 +99,65 @@ def test_lesson04_graders():
     assert checks.check_decode_speedup(lambda W, C, H, Hk: (W + C) / (W + C * Hk / H))
     assert not checks.check_decode_speedup(lambda W, C, H, Hk: H / Hk)  # the cache ratio: ignores the weights
     assert not checks.check_decode_speedup(lambda W, C, H, Hk: C / (C * Hk / H) if C > W else 1.0)
+
+
+def _layernorm(x, w, b, eps):  # each token on its own, the biased variance
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * w + b
+
+
+def test_lesson03_fixed_layernorm_grader(capsys):
+    assert checks.check_fixed_layernorm(_layernorm)
+    assert checks.check_fixed_layernorm(lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps))
+    capsys.readouterr()
+
+    def buggy(x, w, b, eps):  # the lesson's: statistics over the whole sequence, unbiased variance
+        mean, var = x.mean(dim=(1, 2), keepdim=True), x.var(dim=(1, 2), keepdim=True)
+        return (x - mean) / torch.sqrt(var + eps) * w + b
+
+    assert not checks.check_fixed_layernorm(buggy)
+    assert "your statistics mix tokens" in capsys.readouterr().out
+    # the axis fixed, but torch.var's default divides by d - 1
+    unbiased = lambda x, w, b, eps: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps) * w + b
+    assert not checks.check_fixed_layernorm(unbiased)
+    assert "divide the variance by d - 1" in capsys.readouterr().out
+    # statistics over the batch (BatchNorm's axis): no future leak, but sequences mix
+    over_batch = lambda x, w, b, eps: F.batch_norm(x.flatten(0, 1), None, None, w, b, True, 0.0, eps).view_as(x)
+    assert not checks.check_fixed_layernorm(over_batch)
+    assert not checks.check_fixed_layernorm(lambda x, w, b, eps: _layernorm(x, w, b, eps) - b)  # forgot the bias
+
+
+def _llama_flops(V, d, L, H, H_kv, d_ff, T, kv_heads=None, ffn_matrices=3):
+    kv = (H_kv if kv_heads is None else kv_heads) * (d // H)
+    n = L * (2 * d * d + 2 * d * kv + ffn_matrices * d * d_ff) + d * V  # matmuls only: no embedding table
+    return 6 * n + 12 * L * T * d
+
+
+def test_lesson05_llama_flops_grader(capsys):
+    from llmedu.models import CausalLM, TransformerConfig
+    from llmedu.models.counting import flops_per_token, matmul_parameters
+
+    # the grader's reference is the library's count of models built on the meta device
+    for V, d, L, H, H_kv, d_ff, T in ((384, 96, 2, 6, 2, 256, 16), (1000, 64, 3, 4, 1, 172, 128)):
+        config = TransformerConfig.llama(
+            vocab_size=V, d_model=d, n_layers=L, n_heads=H, n_kv_heads=H_kv, d_ff=d_ff, max_seq_len=T
+        )
+        with torch.device("meta"):
+            n = matmul_parameters(CausalLM(config))
+        assert checks.llama_matmul_parameters(V, d, L, H, H_kv, d_ff) == n
+        assert flops_per_token(config, n, T) == _llama_flops(V, d, L, H, H_kv, d_ff, T)
+
+    assert checks.check_llama_flops(_llama_flops)
+    capsys.readouterr()
+    assert not checks.check_llama_flops(lambda V, d, L, H, Hk, dff, T: _llama_flops(V, d, L, H, Hk, dff, T) + 6 * V * d)
+    assert "embedding table" in capsys.readouterr().out
+    # GQA's shared keys and values taken out of the attention core's FLOPs too
+    assert not checks.check_llama_flops(
+        lambda V, d, L, H, Hk, dff, T: _llama_flops(V, d, L, H, Hk, dff, T) - 12 * L * T * d * (1 - Hk / H)
+    )
+    assert "every query head still computes" in capsys.readouterr().out
+    assert not checks.check_llama_flops(lambda V, d, L, H, Hk, dff, T: _llama_flops(V, d, L, H, Hk, dff, T, kv_heads=H))
+    assert not checks.check_llama_flops(lambda *a: _llama_flops(*a, ffn_matrices=2))  # GPT-2's two FFN matrices
+    assert not checks.check_llama_flops(  # Kaplan et al.'s attention term, 6LTd
+        lambda V, d, L, H, Hk, dff, T: _llama_flops(V, d, L, H, Hk, dff, T) - 6 * L * T * d
+    )

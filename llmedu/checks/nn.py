@@ -18,11 +18,15 @@ Lesson 02: understanding, not retyping the code shown:
     check_rope_interpolation(fn)    fn(positions (T,), head_dim, train_len, target_len) -> (cos, sin) of PI
 Lesson 03:
     check_glu_width(fn)             fn(d_ff) -> SwiGLU hidden width with a plain FFN's parameters
+    check_fixed_layernorm(fn)       fn(x (B, T, d), weight, bias, eps) -> LayerNorm(x): the lesson's buggy one fixed
     check_rmsnorm_as_layernorm(fn)  fn(x) -> x' such that RMSNorm(x') == LayerNorm(x) (no bias)
     check_depth_gradient_ratio(fn)  fn(placement, L_small, L_large) -> Xiong et al.'s last-layer gradient ratio
 Lesson 04:
     check_gqa_from_mha(fn)          fn(w (H*D, d), n_heads, n_kv_heads) -> (H_kv*D, d), heads mean-pooled per group
     check_decode_speedup(fn)        fn(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads) -> memory-bound speed-up
+Lesson 05:
+    check_llama_flops(fn)           fn(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len)
+                                    -> training FLOPs per token of a LLaMA-style model (SwiGLU, GQA, untied)
 """
 
 from __future__ import annotations
@@ -54,8 +58,10 @@ __all__ = [
     "check_glu_width",
     "check_rmsnorm_as_layernorm",
     "check_depth_gradient_ratio",
+    "check_fixed_layernorm",
     "check_gqa_from_mha",
     "check_decode_speedup",
+    "check_llama_flops",
 ]
 
 # float32 results of the same formula computed in another order agree to ~1e-6; 1e-5 leaves room
@@ -255,6 +261,54 @@ def check_depth_gradient_ratio(fn) -> CheckResult:
     return g.result()
 
 
+def check_fixed_layernorm(fn) -> CheckResult:
+    """``fn(x (B, T, d), weight, bias, eps)``: LayerNorm of each token on its own, with the biased variance.
+
+    The lesson's buggy version takes its statistics over a whole sequence (every token sees the later ones
+    through the mean and variance) and uses ``torch.var``'s default, the unbiased variance (divides by n - 1).
+    """
+    g = Grader("check_fixed_layernorm")
+    for (B, T, d), eps in (((2, 6, 8), 1e-5), ((1, 5, 4), 1e-5), ((3, 4, 16), 1e-12)):
+        gen = _gen(d)
+        # tokens of different offsets and scales: statistics shared between tokens give other answers
+        x = torch.randn(B, T, d, generator=gen) * (0.5 + 3 * torch.rand(B, T, 1, generator=gen))
+        x = x + 4 * torch.randn(B, T, 1, generator=gen)
+        w, b = torch.randn(d, generator=gen), torch.randn(d, generator=gen)
+        ref = LayerNorm(d, eps)
+        ref.weight.data, ref.bias.data = w, b
+        expected = ref(x).detach()
+        case = f"x of shape {(B, T, d)}, eps={eps}"
+        got = g.call(fn, x.clone(), w, b, eps)
+        if isinstance(got, torch.Tensor) and got.shape == x.shape:
+            moved = x.clone()
+            moved[0, -1] = moved[0, -1] * 3 + 5  # change only the last token of the first sequence
+            other = g.call(fn, moved, w, b, eps)
+            if isinstance(other, torch.Tensor) and other.shape == x.shape:
+                changed = (other - got).abs().amax(-1)  # (B, T): how much each token's output moved
+                changed[0, -1] = 0.0
+                if (changed > TOL).any():
+                    where = tuple(int(i) for i in torch.nonzero(changed > TOL)[0])
+                    g.expect(
+                        case,
+                        False,
+                        f"changing only the last token of sequence 0 changed the output of token {where[1]} of "
+                        f"sequence {where[0]}: your statistics mix tokens, where LayerNorm normalises each token's d "
+                        "features on its own (over a sequence, later tokens leak into earlier positions of a "
+                        "causal LM; over the batch, sequences into each other)",
+                    )
+            centred = x - x.mean(-1, keepdim=True)
+            unbiased = centred / torch.sqrt(x.var(-1, keepdim=True, unbiased=True) + eps) * w + b
+            if torch.allclose(got, unbiased, atol=TOL):
+                g.expect(
+                    case,
+                    False,
+                    "you divide the variance by d - 1 (torch.var's default, unbiased=True); LayerNorm's sigma^2 "
+                    "is the mean of the squared deviations, a division by d",
+                )
+        g.compare(case, got, expected, atol=TOL)
+    return g.result()
+
+
 # -- lesson 04 ---------------------------------------------------------------------------------------
 def check_gqa_from_mha(fn) -> CheckResult:
     """Ainslie et al. (2023), sec. 2.1: mean-pool the heads of each group; group j serves query heads j*g..j*g+g-1."""
@@ -278,4 +332,41 @@ def check_decode_speedup(fn) -> CheckResult:
         expected = (weights + cache) / (weights + cache * H_kv / H)
         case = f"weights {weights:.3g} B, MHA cache {cache:.3g} B, {H} heads -> {H_kv} KV heads"
         g.compare(case, g.call(fn, weights, cache, H, H_kv), expected, rtol=1e-6)
+    return g.result()
+
+
+# -- lesson 05 ---------------------------------------------------------------------------------------
+def llama_matmul_parameters(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff) -> int:
+    """N of 6N for a LLaMA-style model: q, k, v, o (k and v of n_kv_heads heads), three SwiGLU matrices
+    per layer, and the output projection; the embedding table is a lookup, not a matmul."""
+    kv_dim = n_kv_heads * (d_model // n_heads)
+    per_layer = 2 * d_model * d_model + 2 * d_model * kv_dim + 3 * d_model * d_ff
+    return n_layers * per_layer + d_model * vocab_size
+
+
+def check_llama_flops(fn) -> CheckResult:
+    """``fn(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len)``: 6N + 12 L T d per token."""
+    g = Grader("check_llama_flops")
+    cases = [
+        ("a small GQA model", (384, 96, 2, 6, 2, 256, 16)),
+        ("an MQA model", (1000, 64, 3, 4, 1, 172, 128)),
+        ("Llama-2 7B at 4096 tokens", (32000, 4096, 32, 32, 32, 11008, 4096)),
+        ("Llama-2 70B at 4096 tokens", (32000, 8192, 80, 64, 8, 28672, 4096)),
+    ]
+    for name, (V, d, L, H, H_kv, d_ff, T) in cases:
+        n = llama_matmul_parameters(V, d, L, H, H_kv, d_ff)
+        expected = float(6 * n + 12 * L * T * d)
+        got = g.call(fn, V, d, L, H, H_kv, d_ff, T)
+        if isinstance(got, (int, float)) and not isinstance(got, bool):
+            if math.isclose(got, expected + 6 * V * d, rel_tol=1e-9):
+                g.expect(name, False, "you counted the embedding table: it is a lookup, not a matmul")
+            elif H_kv != H and math.isclose(got, expected - 12 * L * T * d * (1 - H_kv / H), rel_tol=1e-9):
+                g.expect(
+                    name,
+                    False,
+                    "you scaled the attention term by n_kv_heads / n_heads: the heads share keys and values, "
+                    "but every query head still computes its own QK^T and PV",
+                )
+        case = f"{name}: V={V}, d={d}, L={L}, {H} heads, {H_kv} KV heads, d_ff={d_ff}, T={T}"
+        g.compare(case, got, expected, rtol=1e-9)
     return g.result()
