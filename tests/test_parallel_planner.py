@@ -1,6 +1,8 @@
 """The planner (llmedu.parallel.planner) and its cost models: counts checked against the real model, bytes
 against what our collectives send, memory against memory.estimate, and the planner's behaviour at the edges."""
 
+from dataclasses import replace
+
 import pytest
 import torch.distributed as dist
 
@@ -15,10 +17,12 @@ from llmedu.parallel.layout_cost import (
     Batch,
     Layout,
     active_matmul_parameters,
+    dp_collectives,
     memory_per_rank,
     parameters,
     stage_layers,
     step_time,
+    tp_collectives,
 )
 from llmedu.parallel.p2p import traffic
 from llmedu.parallel.planner import MODELS, NothingFits, evaluate, layouts, plan
@@ -158,6 +162,40 @@ def test_a_slow_inter_node_link_makes_cross_node_communication_dearer():
     slow = step_time(cfg, lay, batch, cluster("dgx-a100", nodes=16, inter=ETHERNET))
     assert slow["tp"] == fast["tp"]  # TP8 stays inside a node
     assert slow["dp"] > fast["dp"]  # the gradient all-reduce crosses nodes
+
+
+def test_zero_2_and_3_reduce_scatter_in_every_micro_batch_and_zero_1_once_a_step():
+    """With nothing hidden (overlap off), one more micro-batch costs ZeRO-2 and ZeRO-3 one more reduce-scatter
+    of every unit (they reduce in each backward, as ours and DeepSpeed's stage 2 do) and ZeRO-1 nothing."""
+    cfg, c = MODELS["llama3-8b"], replace(cluster("dgx-a100", nodes=2), overlap=False)
+    link, pieces = c.inter, cfg.n_layers + 1
+    for zero in (1, 2, 3):
+        lay = Layout(dp=16, zero=zero)
+        one, two = (step_time(cfg, lay, Batch(16 * m, 2048), c)["dp"] for m in (1, 2))
+        kind, n, size = dp_collectives(cfg, lay, Batch(32, 2048))["reduce-scatter"]
+        assert (kind, n) == ("reduce_scatter", pieces * (2 if zero >= 2 else 1))
+        scatter = pieces * collective_time("reduce_scatter", size, 16, link)
+        gathers = 2 * pieces * collective_time("all_gather", size, 16, link) if zero == 3 else 0.0
+        assert two - one == pytest.approx(scatter + gathers if zero >= 2 else 0.0)
+
+
+def test_tensor_parallelism_pays_for_its_vocabulary_ends():
+    """Beyond 4 all-reduces a layer: the embedding's and the head's of b s h values and the loss's three of
+    b s fp32 numbers (all five on one stage without a pipeline; the last stage's four with one)."""
+    cfg, c, batch = MODELS["llama3-8b"], cluster("dgx-a100"), Batch(8, 2048)
+    tokens, d = 2048, cfg.d_model
+    for pp, ends in ((1, 2), (2, 1)):
+        lay = Layout(tp=8 // pp, pp=pp)
+        listed = tp_collectives(cfg, lay, batch)
+        assert listed == {
+            "layers": (4 * cfg.n_layers // pp, 2 * tokens * d),
+            "vocabulary": (ends, 2 * tokens * d),
+            "loss": (3, 4 * tokens),
+        }
+        ar = lambda n: all_reduce_time(n, lay.tp, c.intra)[0]  # noqa: E731
+        per_micro_batch = (4 * cfg.n_layers // pp + ends) * ar(2 * tokens * d) + 3 * ar(4 * tokens)
+        assert step_time(cfg, lay, batch, c)["tp"] == pytest.approx(8 * per_micro_batch)
+    assert all(n == 0 for n, _ in tp_collectives(cfg, Layout(dp=8), batch).values())
 
 
 def test_tp_groups_that_straddle_nodes_use_the_inter_node_link():

@@ -2,13 +2,14 @@
 and the message counts they are charged on, checked against what our wrappers really send."""
 
 import collections
+import functools
 from dataclasses import replace
 
 import pytest
 import torch
 
 from llmedu.parallel.cost_model import Link, cluster
-from llmedu.parallel.layout_cost import Batch, Layout, step_time
+from llmedu.parallel.layout_cost import Batch, Layout, dp_collectives, step_time, tp_collectives
 from llmedu.parallel.layout_run import build, small_gpt
 from llmedu.parallel.local_cluster import local_cluster
 from llmedu.parallel.shared_cores import Sharing, hops, messages_per_micro_batch, messages_per_step, sharing_from
@@ -144,3 +145,77 @@ def test_the_counts_are_what_our_wrappers_send():
         pieces = cfg.n_layers + 1 if lay.zero else 1
         expected = m * per_micro + sum(messages_per_step(lay, pieces, m).values())
         assert max(rank[i] for rank in counted) == expected, str(lay)
+
+
+def _count_bytes(cfg, sequences, layouts):
+    """On every rank: each blocking message of one step of each layout, as {name: [buffer bytes, ...]}, by
+    patching torch.distributed (the buffer: an all-reduce's tensor, a reduce-scatter's input, an all-gather's
+    output, i.e. the full buffer ``cost_model`` prices)."""
+    import torch.distributed as dist
+
+    buffer = {"all_reduce": 0, "reduce_scatter_single": 1, "all_gather_single": 0, "recv": 0}
+    tokens = torch.randint(0, cfg.vocab_size, (sequences, cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
+    rows = []
+    for lay in layouts:
+        step, _, _ = build(cfg, lay, tokens)
+        step()  # warm-up
+        sent, originals = collections.defaultdict(list), {n: getattr(dist, n) for n in buffer}
+
+        def spy(*a, _n, _f, **k):
+            t = a[buffer[_n]] if len(a) > buffer[_n] else k["input" if _n == "reduce_scatter_single" else "tensor"]
+            sent[_n].append(t.numel() * t.element_size())
+            return _f(*a, **k)
+
+        for n, f in originals.items():
+            setattr(dist, n, functools.partial(spy, _n=n, _f=f))
+        try:
+            step()
+        finally:
+            for n, f in originals.items():
+                setattr(dist, n, f)
+        rows.append(dict(sent))
+    return rows
+
+
+@pytest.mark.slow
+def test_the_bytes_the_cost_model_prices_are_what_our_wrappers_send():
+    """Every tensor-parallel and data-parallel collective of one step, counted and sized in the real wrappers
+    (fp32, as on this machine), equals ``tp_collectives`` and ``dp_collectives``, the lists ``step_time``
+    charges: TP's 4 all-reduces a layer (6 with full recomputation) and the vocabulary ends (the embedding's
+    and the head's of b s h values, the loss's three of b s fp32 numbers); ZeRO-2/3's reduce-scatter in every
+    micro-batch, ZeRO-1's once a step. Sizes agree to the loss's dropped last token and ZeRO's padding."""
+    from llmedu.parallel.launch import launch
+
+    cfg, sequences = small_gpt(64, 2, 16), 4
+    batch = Batch(sequences, cfg.max_seq_len)
+    layouts = [
+        Layout(tp=2, micro_batch=4, sequence_parallel=False),
+        Layout(tp=2, micro_batch=2, sequence_parallel=False),  # two micro-batches: every slot's messages twice
+        Layout(tp=2, micro_batch=4, recompute="full", sequence_parallel=False),  # 2 more all-reduces a layer
+        Layout(dp=2, zero=1, micro_batch=1),  # two micro-batches, one reduce-scatter a unit
+        Layout(dp=2, zero=2, micro_batch=1),  # two micro-batches: a reduce-scatter a unit in each
+        Layout(dp=2, zero=3, micro_batch=1),  # and two gathers a unit in each
+        Layout(dp=2, micro_batch=1),  # DDP: one bucket, once a step
+    ]
+    sent = launch(_count_bytes, 2, cfg, sequences, layouts, echo=False, timeout=120)
+    ops = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter_single", "all_gather": "all_gather_single"}
+    for i, lay in enumerate(layouts):
+        m = sequences // (lay.dp * lay.micro_batch)
+        expected = collections.defaultdict(lambda: [0, 0.0])  # op -> [messages, bytes] in one step
+        for n, size in tp_collectives(cfg, lay, batch, v=4).values():
+            expected["all_reduce"][0] += m * n
+            expected["all_reduce"][1] += m * n * size
+        for op, n, size in dp_collectives(cfg, lay, batch, v=4).values():
+            expected[ops[op]][0] += n
+            expected[ops[op]][1] += n * size
+        for rank in sent:
+            measured = {op: sizes for op, sizes in rank[i].items() if op != "recv"}
+            assert set(measured) == {op for op, (n, _) in expected.items() if n}, str(lay)
+            for op, sizes in measured.items():
+                n, total = expected[op]
+                assert len(sizes) == n, f"{lay}: {op}"
+                # the loss sees s - 1 tokens of s; ZeRO pads each unit to a multiple of the ranks
+                assert sum(sizes) == pytest.approx(total, rel=0.01), f"{lay}: {op}"
+        if lay.tp > 1:  # and the vocabulary ends are there, the loss's three of one fp32 number a token
+            loss = [s for s in sent[0][i]["all_reduce"] if s < 4 * cfg.d_model]
+            assert len(loss) == 3 * m and set(loss) == {4 * lay.micro_batch * (cfg.max_seq_len - 1)}, str(lay)

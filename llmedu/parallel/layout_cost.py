@@ -31,16 +31,23 @@ does not hide, then the optimizer step:
                at ``cluster.flops`` (peak x an efficiency, stated with its source), plus the cluster's
                fixed cost of launching a layer's and a stage's ops (0 on GPUs; measured on a CPU)
     TP         4 all-reduces per layer and micro-batch (2 forward, 2 backward) of b (s/cp) h 16-bit
-               values; SP swaps each for an all-gather + reduce-scatter of the same bytes (lesson 11)
+               values; SP swaps each for an all-gather + reduce-scatter of the same bytes (lesson 11);
+               and the vocabulary-parallel ends our wrapper (and Megatron-LM) adds: the embedding's
+               all-reduce of b (s/cp) h values (forward, first stage), the head's (backward, last
+               stage) and the loss's three of b (s/cp) fp32 numbers (last stage) (``tp_collectives``)
     CP         K and V of the other cp - 1 chunks pass around the ring (forward; twice that in
                backward), overlapped with attention: only what exceeds attention's time shows
     EP         4 all-to-alls per MoE layer (dispatch and combine, forward and backward) of the top_k
                copies of b (s/cp) h values (lesson 19)
     PP         one send forward and one backward per micro-batch, of b (s/cp) h values
-    DP         an all-reduce of the 16-bit gradients (ZeRO 1/2: reduce-scatter + all-gather, the same
-               bytes), in DDP's 25 MiB buckets or ZeRO's units (a layer), each paying its latency, hidden behind the last micro-batch's backward as far as it lasts; ZeRO-3 only
-               reduce-scatters them (its weights stay sharded) and gathers the weights in every
-               micro-batch's forward and backward (lesson 10, 14)
+    DP         an all-reduce of the 16-bit gradients, in DDP's 25 MiB buckets, each paying its latency,
+               hidden behind the last micro-batch's backward as far as it lasts; ZeRO, in its units (a
+               layer; the embedding and head together), ring reduce-scatters and all-gathers of the same
+               bytes (``dp_collectives``): ZeRO-1 reduce-scatters the accumulated gradients once a step;
+               ZeRO-2 and 3 in every micro-batch's backward (our ``zero.py``, as DeepSpeed's stage 2),
+               each hidden behind its own micro-batch's backward; ZeRO-1/2 all-gather the updated
+               weights after the step; ZeRO-3 instead gathers the weights in every micro-batch's
+               forward and backward (lesson 10, 14)
     optimizer  32 bytes read and written per parameter of the shard, at HBM bandwidth; offloaded:
                16-bit gradients down and weights up over PCIe, and ~28 bytes per parameter through
                host memory for the CPU's Adam (ZeRO-Offload, Ren et al. 2021), not overlapped
@@ -72,6 +79,8 @@ __all__ = [
     "parameters",
     "active_matmul_parameters",
     "stage_layers",
+    "tp_collectives",
+    "dp_collectives",
     "in_flight",
     "memory_per_rank",
     "step_time",
@@ -263,6 +272,72 @@ def _stage_memory(
     }
 
 
+def tp_collective_counts(cfg: TransformerConfig, layout: Layout) -> dict[str, int]:
+    """All-reduces of the busiest pipeline stage's tensor-parallel group in one micro-batch slot, by kind, as
+    our wrapper sends them (``tensor_parallel``; Megatron-LM's are the same, Shoeybi et al. 2019 §3):
+
+    layers      4 a layer: f and g around attention and around the MLP, one forward and one backward each
+                (2 more forward with full recomputation, which reruns each layer's forward)
+    vocabulary  the embedding's g (forward, first stage) and the head's f (backward, last stage)
+    loss        the vocabulary-parallel cross-entropy's max, sum of exponentials and target logit (forward,
+                last stage)
+
+    The busiest stage is the last (with a pipeline it has the head and the loss, not the embedding)."""
+    if layout.tp == 1:
+        return {"layers": 0, "vocabulary": 0, "loss": 0}
+    layers = stage_layers(cfg, layout) * (4 + 2 * (layout.recompute == "full"))
+    return {"layers": layers, "vocabulary": 2 if layout.pp == 1 else 1, "loss": 3}
+
+
+def tp_collectives(cfg: TransformerConfig, layout: Layout, batch: Batch, v: int = BF16) -> dict[str, tuple[int, float]]:
+    """``tp_collective_counts``, each kind as (all-reduces in one micro-batch slot, bytes of each buffer): the
+    layers' and the vocabulary's b (s/cp) h values of ``v`` bytes; the loss's one fp32 number a token (the
+    wrapper casts the logits to fp32; the shift of ``lm_loss`` drops one token a sequence, left out)."""
+    tokens = layout.micro_batch * batch.seq_len / layout.cp
+    size = {"layers": v * tokens * cfg.d_model, "vocabulary": v * tokens * cfg.d_model, "loss": 4 * tokens}
+    return {kind: (n, size[kind]) for kind, n in tp_collective_counts(cfg, layout).items()}
+
+
+def dp_pieces(cfg: TransformerConfig, layout: Layout, v: int = BF16) -> int:
+    """How many pieces the data-parallel gradients move in: DDP's 25 MiB buckets, or ZeRO's units (each
+    layer of the busiest stage, and the embedding and head together)."""
+    if layout.zero:
+        return stage_layers(cfg, layout) + 1
+    return max(1, math.ceil(v * _held(cfg, layout) / DDP_BUCKET))
+
+
+def dp_collectives(
+    cfg: TransformerConfig, layout: Layout, batch: Batch, v: int = BF16
+) -> dict[str, tuple[str, int, float]]:
+    """The data-parallel group's collectives in one step, as (kind, how many, bytes of each buffer), counted
+    from our wrappers (``data_parallel.DDP``, ``zero.ZeRO``) over ``dp_pieces`` pieces of ``v``-byte gradients:
+
+    "all-reduce"           DDP: one a bucket, after the last micro-batch (``no_sync`` before it)
+    "reduce-scatter"       ZeRO-1: one a unit at the step, of the accumulated gradients; ZeRO-2 and 3: one a
+                           unit in every micro-batch's backward (each micro-batch's gradient goes straight
+                           into the shard), m a unit a step
+    "all-gather"           ZeRO-1/2: one a unit after the step (the updated weights); ZeRO-3: two a unit in
+                           every micro-batch (forward, and backward's regather), 2m a unit a step
+    "gradient norm"        ZeRO: one all-reduce of a 4-byte number (clipping)
+
+    DeepSpeed does the same: its stage 2 reduces each micro-batch's gradients into the partitioned
+    buffer during backward, its stage 1 only at the accumulation boundary (deepspeedai/DeepSpeed PR #338,
+    "Adding gradient accumulation support for ZeRO Stage 2": engine ``allreduce_gradients``, "Zero stage 2
+    communicates during non gradient accumulation boundaries as well")."""
+    if layout.dp * layout.cp == 1:
+        return {}
+    m = batch.sequences // (layout.dp * layout.micro_batch)
+    pieces = dp_pieces(cfg, layout, v)
+    piece = v * _held(cfg, layout) / pieces
+    if not layout.zero:
+        return {"all-reduce": ("all_reduce", pieces, piece)}
+    return {
+        "reduce-scatter": ("reduce_scatter", pieces * (m if layout.zero >= 2 else 1), piece),
+        "all-gather": ("all_gather", pieces * (2 * m if layout.zero >= 3 else 1), piece),
+        "gradient norm": ("all_reduce", 1, 4.0),
+    }
+
+
 def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster) -> dict[str, float]:
     """Seconds of one optimizer step by part; ``total`` is their sum (see the module docstring)."""
     s, b, h = batch.seq_len / layout.cp, layout.micro_batch, cfg.d_model
@@ -280,7 +355,9 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
     activation_bytes = v * b * s * h
 
     tp_link = cluster.link(layout.tp)
-    tp = layers * (4 + 2 * (layout.recompute == "full")) * all_reduce_time(activation_bytes, layout.tp, tp_link)[0]
+    tp = sum(
+        n * all_reduce_time(size, layout.tp, tp_link)[0] for n, size in tp_collectives(cfg, layout, batch, v).values()
+    )
     cp_link = cluster.link(layout.cp, stride=layout.tp)
     kv_bytes = 2 * v * b * s * cfg.n_kv_heads * cfg.head_dim / layout.tp
     ring = 3 * (layout.cp - 1) * collective_time("send", kv_bytes, 2, cp_link) if layout.cp > 1 else 0.0
@@ -299,19 +376,34 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
 
     held, shards = _held(cfg, layout), layout.dp * layout.cp
     dp_link = cluster.link(shards, stride=layout.tp)
-    # the gradients move in pieces, each a collective paying its own latency: DDP's buckets of 25 MiB,
-    # ZeRO's units (each layer, and the embedding and head together); ZeRO adds one all-reduce of the
-    # gradient norm (for clipping)
-    pieces = layers + 1 if layout.zero else max(1, math.ceil(v * held / DDP_BUCKET))
-    if layout.zero >= 3:  # the gradients are reduce-scattered; nothing is gathered after the step
-        sync = pieces * collective_time("reduce_scatter", v * held / pieces, shards, dp_link)
-    else:
-        sync = pieces * all_reduce_time(v * held / pieces, shards, dp_link)[0]
-    if layout.zero and shards > 1:
-        sync += all_reduce_time(4, shards, dp_link)[0]
+    # the gradients move in pieces, each a collective paying its own latency (``dp_collectives``): DDP's
+    # all-reduces of 25 MiB buckets (ring or tree, as NCCL picks), ZeRO's ring reduce-scatters and
+    # all-gathers of its units and one all-reduce of the gradient norm (for clipping)
+    pieces = dp_pieces(cfg, layout, v)
+    moves = dp_collectives(cfg, layout, batch, v)
+
+    def one(kind: str) -> float:  # seconds of one collective of ``kind`` (0 if the layout has none)
+        if kind not in moves:
+            return 0.0
+        op, _, size = moves[kind]
+        return (
+            all_reduce_time(size, shards, dp_link)[0]
+            if op == "all_reduce"
+            else collective_time(op, size, shards, dp_link)
+        )
+
+    scatter = pieces * one("reduce-scatter")  # a unit each: one micro-batch's (ZeRO-2/3) or the step's (ZeRO-1)
+    if not layout.zero:
+        sync = pieces * one("all-reduce")
+    elif layout.zero <= 2:  # the (last) reduce-scatter, the gradient norm, the gather of the updated weights
+        sync = scatter + one("gradient norm") + pieces * one("all-gather")
+    else:  # ZeRO-3: nothing is gathered after the step; the weights stay sharded
+        sync = scatter + one("gradient norm")
     dp = max(0.0, sync - hide * 2 / 3 * compute)  # hidden behind the last micro-batch's backward
+    if layout.zero >= 2:  # every earlier micro-batch reduce-scatters too, hidden behind its own backward
+        dp += (m - 1) * max(0.0, scatter - hide * 2 / 3 * compute)
     if layout.zero >= 3 and shards > 1:  # gather weights for forward and backward of every micro-batch
-        gathers = 2 * pieces * collective_time("all_gather", v * held / pieces, shards, dp_link)
+        gathers = 2 * pieces * one("all-gather")
         dp += m * max(0.0, gathers - hide * compute)
     shard = held / (shards if layout.zero >= 1 else 1)
     if layout.offload:

@@ -73,7 +73,7 @@ def build(cfg: TransformerConfig, lay: Layout, tokens: torch.Tensor):
 
     torch.manual_seed(0)
     model = CausalLM(cfg)
-    if lay.recompute == "full":
+    if lay.recompute == "full" and lay.tp == 1:  # (with TP, below: on the sharded copy)
         apply_policy(model, "blocks")
     mine = tokens.chunk(lay.dp)[dist.get_rank() // lay.tp % lay.dp]  # (B/dp, T), this replica's share
     micro = mine.split(lay.micro_batch)  # m micro-batches of (b, T)
@@ -110,6 +110,8 @@ def build(cfg: TransformerConfig, lay: Layout, tokens: torch.Tensor):
     mesh = make_mesh(lay.dp, lay.tp, lay.pp)  # 3D: TP inside, then DP, then PP
     if lay.tp > 1:
         model = tensor_parallel(model, mesh.tp_group)
+        if lay.recompute == "full":  # after the copy: the policy binds each block's own forward, and a deep
+            apply_policy(model, "blocks")  # copy would keep calling the unsharded original's
         loss_fn = lambda logits, ids: vocab_parallel_lm_loss(logits, ids, mesh.tp_group)  # noqa: E731
     else:
         loss_fn = lm_loss

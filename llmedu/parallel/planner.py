@@ -203,4 +203,11 @@ def _sources(cluster: Cluster) -> dict[str, str]:
         "inter": f"{cluster.inter.name}: {cluster.inter.bandwidth / 1e9:.1f} GB/s per direction ({cluster.inter.source})",
         "latency": cluster.notes,
         "bubble": "(pp - 1) / v micro-batch slots of 1F1B (Narayanan et al. 2021 §2.2)",
+        "tp": "all-reduces of the busiest stage's TP group in every micro-batch, as our tensor_parallel sends them: "
+        "4 a layer (Megatron-LM; 6 with full recomputation) and the vocabulary-parallel ends, the embedding's "
+        "and the head's of b s h values and the loss's 3 of b s fp32 numbers (layout_cost.tp_collectives)",
+        "dp": "DDP: bucket all-reduces after the last micro-batch; ZeRO: ring reduce-scatters of each unit, once a "
+        "step (ZeRO-1) or in every micro-batch's backward (ZeRO-2/3, as DeepSpeed's stage 2), all-gathers after "
+        "the step (ZeRO-1/2) or twice a micro-batch (ZeRO-3); each hidden behind backward as far as it lasts "
+        "(layout_cost.dp_collectives)",
     }

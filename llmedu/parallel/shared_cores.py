@@ -35,9 +35,9 @@ busy round exceeded the idle one by 0.1-0.8 ms. So ``wait`` is mostly the small-
 alpha-beta fit (dominated by the large sizes) misses, plus the scheduling, not a busy-peer effect alone.
 It is probed with one message size and one amount of work between messages; gloo's reduce-scatter
 (about an all-reduce's time in the same probe) and all-gather are charged as rings of p - 1 hops; a
-receive is charged one hop though it wakes one process, not a ring; the vocabulary-parallel
-collectives counted here get their wait but not their alpha-beta (``step_time`` charges TP four
-all-reduces a layer); neither term depends on which ranks share a core (the OS decides, and moves them).
+receive is charged one hop though it wakes one process, not a ring; neither term depends on which
+ranks share a core (the OS decides, and moves them). The messages counted here are the ones whose
+alpha-beta ``step_time`` charges (``layout_cost.tp_collectives`` and ``dp_collectives`` count both).
 """
 
 from __future__ import annotations
@@ -183,19 +183,17 @@ def sharing_from(world: int, speed: float, message: float, modelled: float) -> S
 def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
     """Blocking messages of the busiest rank in one micro-batch slot, by kind, counted from our wrappers' code:
 
-    tp   4 all-reduces a layer (2 forward, 2 backward; 2 more forward with full recomputation), and the
-         vocabulary-parallel ends (``tensor_parallel``): the embedding's all-reduce, the head's in backward
-         and the loss's three (max, sum of exponentials, target logit), the last three on the last stage
+    tp   ``layout_cost.tp_collective_counts``: 4 all-reduces a layer (2 forward, 2 backward; 2 more forward
+         with full recomputation), and the vocabulary-parallel ends (``tensor_parallel``): the embedding's
+         all-reduce, the head's in backward and the loss's three (max, sum of exponentials, target logit),
+         the last four on the last stage
     cp   3 (cp - 1) ring sends a layer (K and V forward, twice that in backward); ep 4 all-to-alls a MoE layer
     pp   the receives a stage blocks on: 1 (an end stage of two) or 2 (an activation and a gradient)
     """
-    from .layout_cost import stage_layers
+    from .layout_cost import stage_layers, tp_collective_counts
 
     layers = stage_layers(cfg, layout)
-    tp = 0
-    if layout.tp > 1:
-        ends = 5 if layout.pp == 1 else 4  # the busiest stage: the last, with the head and the loss
-        tp = layers * (4 + 2 * (layout.recompute == "full")) + ends
+    tp = sum(tp_collective_counts(cfg, layout).values())
     moe = cfg.moe is not None and layout.ep > 1
     pp = 0 if layout.pp == 1 else 1 if layout.pp == 2 else 2
     return {"tp": tp, "cp": layers * 3 * (layout.cp - 1), "ep": layers * 4 * moe, "pp": pp}
@@ -206,7 +204,7 @@ def messages_per_step(layout, pieces: int, micro_batches: int) -> dict[str, int]
     an all-reduce a bucket ("dp all-reduce"); ZeRO, the gradient norm's all-reduce and, a unit ("dp shard"):
     ZeRO-1 a reduce-scatter and an all-gather at the step; ZeRO-2 a reduce-scatter in every micro-batch's
     backward and an all-gather at the step; ZeRO-3 a reduce-scatter and two gathers in every micro-batch.
-    (``step_time``'s alpha-beta charges ZeRO-2/3's reduce-scatters once a step, as if accumulated first.)"""
+    The same counts as ``layout_cost.dp_collectives``, whose alpha-beta ``step_time`` charges."""
     if layout.dp * layout.cp == 1:
         return {"dp all-reduce": 0, "dp shard": 0}
     if not layout.zero:
