@@ -102,6 +102,23 @@ def test_label_efficiency_slices_train_by_seed_and_caps_at_all():
     assert subsample(TOY_SPLITS.train, 10, 0) == seen[0][2]  # and reproducible
 
 
+def test_label_efficiency_reuses_the_protocols_all_label_scores():
+    calls = []
+
+    def score(train, test, lr, seed):
+        calls.append(len(train))
+        return len(train) / 100
+
+    n_train = len(TOY_SPLITS.train)
+    assert subsample(TOY_SPLITS.train, None, seed=3) is TOY_SPLITS.train  # all: the protocol's split, its order
+    assert subsample(TOY_SPLITS.train, n_train + 5, seed=3) is TOY_SPLITS.train
+    curve = label_efficiency(score, TOY_SPLITS, 1e-4, [10, None], seeds=[0, 1], all_labels=[0.5, 0.7])
+    assert calls == [10, 10]  # the all-labels point is not trained again
+    assert curve[str(n_train)]["scores"] == [0.5, 0.7]
+    with pytest.raises(ValueError, match="3 scores for 2 seeds"):
+        label_efficiency(score, TOY_SPLITS, 1e-4, [None], seeds=[0, 1], all_labels=[0.5, 0.6, 0.7])
+
+
 def test_task_average_is_the_mean_over_tasks_per_seed():
     results = {"a": {"test": summarize([0.6, 0.8])}, "b": {"test": summarize([0.8, 1.0])}}
     avg = task_average(results)

@@ -1,10 +1,20 @@
-"""Graders for lesson 22, the capstone (Cramming): packing, sparse prediction, the wall-clock budget.
+"""Graders for lesson 22, the capstone (Cramming): packing, sparse prediction, the budget, passes, the protocol, the study.
 
 check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
                                stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding
 check_sparse_mlm_loss(fn)      fn(model, batch) -> the MLM loss computed by running the head on the
                                masked positions only; it must equal the loss of the full head
 check_parse_budget(fn)         fn("10m") -> 600.0; '30s', '24h', '1.5h', seconds; a ValueError otherwise
+check_passes_over_data(fn)     fn(budget, tokens_per_s, n_rows, seq_len) -> how many times a run of that budget
+                               ("10m", "24h") at that speed reads a corpus of n_rows packed rows of seq_len
+                               tokens (``pretrain.passes_over_data``), within 0.1%
+check_dev_protocol(fn)         fn(scorer, splits, lrs, seeds) -> {"lr", "test": summary}: the bug-fixed protocol;
+                               a recording fake scorer whose dev and test splits prefer different rates shows
+                               whether the rate was chosen on dev, only the chosen rate saw test, and test was
+                               scored once with every seed
+check_gap_curve(fn)            fn(results, task, pretrained, control) -> {labels: summary of the gaps}: from a
+                               study's JSON, pretrained minus control along the label-efficiency curve, paired
+                               seed by seed (the same slice of labels) and label count by label count
 """
 
 from __future__ import annotations
@@ -12,12 +22,21 @@ from __future__ import annotations
 import torch
 
 from llmedu.checks.core import CheckResult, Grader
+from llmedu.cramming.evaluate import Data, Splits, summarize
+from llmedu.cramming.pretrain import passes_over_data
 from llmedu.cramming.recipe import TINY_SHAPE, crammed, parse_budget
 from llmedu.data.packing import mask_tokens, pack
 from llmedu.models import MaskedLM
 from llmedu.models.bert import mlm_loss
 
-__all__ = ["check_pack", "check_sparse_mlm_loss", "check_parse_budget"]
+__all__ = [
+    "check_pack",
+    "check_sparse_mlm_loss",
+    "check_parse_budget",
+    "check_passes_over_data",
+    "check_dev_protocol",
+    "check_gap_curve",
+]
 
 
 def check_pack(fn) -> CheckResult:
@@ -73,4 +92,253 @@ def check_parse_budget(fn) -> CheckResult:
 
     for text in ("ten minutes", "-5m", "0s"):
         g.expect(f"{text!r} is rejected", g.call(rejects, text) is True, "no ValueError was raised")
+    return g.result()
+
+
+# -- exercise: passes over the data ---------------------------------------------------------------
+
+
+def passes_over_budget(budget: str, tokens_per_s: float, n_rows: int, seq_len: int) -> float:
+    """The reference: tokens the budget reads over the corpus's tokens (``pretrain.passes_over_data``)."""
+    return passes_over_data(parse_budget(budget) * tokens_per_s, n_rows * seq_len)
+
+
+def check_passes_over_data(fn) -> CheckResult:
+    """``fn(budget, tokens_per_s, n_rows, seq_len)`` -> passes, a float, within 0.1%."""
+    g = Grader("check_passes_over_data")
+    cases = [
+        ("10m", 66_700, 37_900, 128),  # the lesson's 10-minute CPU run on the six corpora
+        ("30m", 65_600, 37_900, 128),  # the 30-minute run of the same table
+        ("24h", 72_029, 37_900, 128),  # the BERT-base shape on the GPU, same corpora
+        ("90s", 5_000, 40_000, 64),  # not even one pass
+        ("1.5h", 20_000, 1_000_000, 512),
+    ]
+    for budget, speed, n_rows, seq_len in cases:
+        g.compare(
+            f"budget {budget!r} at {speed:,} tokens/s over {n_rows:,} rows of {seq_len} tokens",
+            g.call(fn, budget, speed, n_rows, seq_len),
+            passes_over_budget(budget, speed, n_rows, seq_len),
+            rtol=1e-3,
+        )
+    return g.result()
+
+
+# -- exercise: find the bug in a protocol that chooses on the test split --------------------------
+
+
+class _Recorder:
+    """A fake scorer: the dev split and the test split disagree on the best rate, and it notes each call."""
+
+    def __init__(self, splits: Splits, dev_best, test_best, lrs):
+        self.splits, self.calls = splits, []
+        rank = {lr: i for i, lr in enumerate(lrs)}
+        self.dev_score = {lr: 0.80 - 0.05 * abs(rank[lr] - rank[dev_best]) for lr in lrs}
+        self.test_score = {lr: 0.75 - 0.04 * abs(rank[lr] - rank[test_best]) for lr in lrs}
+
+    def split_name(self, data) -> str:
+        for name in ("train", "dev", "test"):
+            if data is getattr(self.splits, name):
+                return name
+        return "a split of your own"
+
+    def __call__(self, train, test, lr, seed) -> float:
+        trained_on, scored_on = self.split_name(train), self.split_name(test)
+        if scored_on == "dev":
+            score = self.dev_score[lr] + 0.002 * (seed % 5)  # seeds move dev a little, never the ranking
+        else:
+            score = self.test_score[lr] + (0.0, 0.03, -0.02, 0.01, -0.01)[seed % 5]
+        self.calls.append((trained_on, scored_on, lr, seed, score))
+        return score
+
+
+def _toy_splits() -> Splits:
+    def data(prefix, n):
+        return Data(tuple(f"{prefix} {i}" for i in range(n)), tuple(i % 2 for i in range(n)))
+
+    return Splits(data("train", 40), data("dev", 10), data("test", 12))
+
+
+def check_dev_protocol(fn) -> CheckResult:
+    """``fn(scorer, splits, lrs, seeds)`` -> {"lr", "test": summary}: chosen on dev, every seed scored on test."""
+    g = Grader("check_dev_protocol")
+    cases = [  # (rates, seeds, the rate dev prefers, the rate test prefers)
+        ((1e-4, 2e-4, 4e-4, 8e-4), (0, 1, 2), 2e-4, 8e-4),
+        ((3e-5, 1e-4), (4, 1), 3e-5, 1e-4),
+        ((None,), (0, 1, 2), None, None),  # a model without a rate: the probe, the baselines
+    ]
+    for lrs, seeds, dev_best, test_best in cases:
+        splits = _toy_splits()
+        scorer = _Recorder(splits, dev_best, test_best, lrs)
+        where = f"rates {list(lrs)}, seeds {list(seeds)}"
+        result = g.call(fn, scorer, splits, list(lrs), list(seeds))
+        if not g.expect(
+            f"{where}: the result",
+            isinstance(result, dict) and "lr" in result and "test" in result,
+            f"expected a dict with 'lr' and 'test', got {result!r:.80}",
+        ):
+            break
+        calls = scorer.calls
+        g.expect(
+            f"{where}: training",
+            all(c[0] == "train" for c in calls),
+            f"a model was trained on the {next((c[0] for c in calls if c[0] != 'train'), '')} split; "
+            "every model trains on splits.train",
+        )
+        elsewhere = next((c[1] for c in calls if c[1] not in ("dev", "test")), None)
+        g.expect(
+            f"{where}: scoring",
+            elsewhere is None,
+            f"a model was scored on {'the ' + elsewhere + ' split' if elsewhere == 'train' else elsewhere}: "
+            "rates are compared on splits.dev and the result is reported on splits.test",
+        )
+        on_test = [c for c in calls if c[1] == "test"]
+        g.expect(
+            f"{where}: the test split",
+            bool(on_test),
+            "no model was scored on splits.test: the numbers reported as 'test' come from another split",
+        )
+        rates_on_test = sorted({c[2] for c in on_test}, key=str)
+        g.expect(
+            f"{where}: the test split",
+            len(rates_on_test) <= 1,
+            f"rates {rates_on_test} were all scored on the test split, so the choice among them was made on "
+            "test: the reported score is the best of several tries on it, an optimistic number",
+        )
+        g.expect(
+            f"{where}: the chosen rate",
+            len(lrs) == 1 or any(c[1] == "dev" for c in calls),
+            "no rate was scored on dev: the sweep must compare the rates on splits.dev",
+        )
+        g.compare(
+            f"{where}: the chosen rate (dev prefers {dev_best}, test would prefer {test_best})",
+            result["lr"],
+            dev_best,
+        )
+        g.expect(
+            f"{where}: the rate scored on test",
+            rates_on_test == [result["lr"]],
+            f"the test split saw rate(s) {rates_on_test}, but the result reports lr={result['lr']}",
+        )
+        seeds_on_test = sorted(c[3] for c in on_test)
+        g.expect(
+            f"{where}: the seeds on test",
+            seeds_on_test == sorted(seeds),
+            f"the test split was scored with seeds {seeds_on_test}; it must be scored once with each of {sorted(seeds)}",
+        )
+        if g.failure is None:
+            by_seed = {c[3]: c[4] for c in on_test}
+            expected = summarize([by_seed[s] for s in seeds])
+            test = result["test"]
+            if g.expect(
+                f"{where}: result['test']",
+                isinstance(test, dict) and "mean" in test and "std" in test,
+                f"expected a summary with 'mean' and 'std' (evaluate.summarize), got {test!r:.80}",
+            ):
+                g.compare(f"{where}: the mean of the test scores over seeds", test["mean"], expected["mean"], atol=1e-9)
+                g.compare(
+                    f"{where}: the spread (sample standard deviation) of the test scores over seeds",
+                    test["std"],
+                    expected["std"],
+                    atol=1e-9,
+                )
+    return g.result()
+
+
+# -- exercise: reading a study: the paired gap along the label-efficiency curve ---------------------
+
+
+def gap_curve(results: dict, task: str, pretrained: str = "crammed", control: str = "random init") -> dict:
+    """The reference: {n labels (int): summary of pretrained - control, seed by seed} on one task.
+
+    Seed s trained both models on the same random slice of labels (``evaluate.subsample``), so the
+    gaps pair by seed; the curves pair by label count (their keys), whatever order they are stored in.
+    """
+    models = results["tasks"][task]["models"]
+    ours, theirs = models[pretrained]["label_efficiency"], models[control]["label_efficiency"]
+    return {
+        int(n): summarize([a - b for a, b in zip(ours[n]["scores"], theirs[n]["scores"])]) for n in ours if n in theirs
+    }
+
+
+def _toy_study() -> dict:
+    """A study's JSON in miniature (``study.run_study``'s shape): two tasks, six models, three seeds."""
+
+    def row(lr, curve: dict[str, list[float]]) -> dict:
+        every = curve[max(curve, key=int)]  # all the labels: the protocol's own test scores
+        return {
+            "lr": lr,
+            "dev": {str(lr): round(sum(every) / 3 + 0.01, 4)},
+            "test": summarize(every),
+            "label_efficiency": {n: summarize(s) for n, s in curve.items()},
+        }
+
+    def flat(value: float) -> dict:  # a model without a rate: one score, whatever the seed
+        return {"lr": None, "dev": {"None": value}, "test": summarize([value] * 3)}
+
+    rt = {  # Rotten Tomatoes: 10,371 training labels after the dev split; three points of each curve
+        "crammed": row(1e-4, {"100": [0.58, 0.55, 0.61], "1000": [0.66, 0.64, 0.65], "10371": [0.72, 0.715, 0.725]}),
+        "crammed, 30 min": row(
+            1e-4, {"100": [0.60, 0.57, 0.59], "1000": [0.65, 0.66, 0.67], "10371": [0.724, 0.72, 0.722]}
+        ),
+        "crammed, linear probe": flat(0.61),
+        # the control's curve stored largest first: pair the curves by label count, not by position
+        "random init": row(4e-4, {"10371": [0.73, 0.72, 0.74], "1000": [0.60, 0.63, 0.59], "100": [0.56, 0.50, 0.51]}),
+        "majority class": flat(0.5),
+        "TF-IDF + logistic regression": flat(0.742),
+    }
+    bbc = {  # BBC News: 1,520 training labels; three points of each curve
+        "crammed": row(4e-4, {"100": [0.45, 0.52, 0.40], "300": [0.70, 0.74, 0.69], "1520": [0.93, 0.92, 0.93]}),
+        "crammed, 30 min": row(
+            4e-4, {"100": [0.50, 0.49, 0.47], "300": [0.75, 0.71, 0.72], "1520": [0.94, 0.93, 0.925]}
+        ),
+        "crammed, linear probe": flat(0.80),
+        "random init": row(8e-4, {"100": [0.41, 0.30, 0.22], "300": [0.66, 0.50, 0.48], "1520": [0.88, 0.78, 0.92]}),
+        "majority class": flat(0.226),
+        "TF-IDF + logistic regression": flat(0.986),
+    }
+    tasks = {"rotten_tomatoes": (rt, 10371), "bbc_news": (bbc, 1520)}
+    return {
+        "config": {"seeds": [0, 1, 2], "lrs": [1e-4, 2e-4, 4e-4, 8e-4], "label_sizes": [100, 300, 1000, 3000, None]},
+        "pretraining": {"crammed": {"summary": None, "unigram_cross_entropy": 6.46}},
+        "tasks": {
+            name: {"sizes": {"train": n, "dev": round(n / 9), "test": 1000}, "models": models}
+            for name, (models, n) in tasks.items()
+        },
+        "average": {},
+    }
+
+
+def check_gap_curve(fn) -> CheckResult:
+    """``fn(results, task, pretrained, control)`` -> {labels: {"scores", "mean", "std"}} of the paired gaps."""
+    g = Grader("check_gap_curve")
+    for task, pretrained, control in [
+        ("rotten_tomatoes", "crammed", "random init"),
+        ("bbc_news", "crammed", "random init"),
+        ("rotten_tomatoes", "crammed, 30 min", "crammed"),
+    ]:
+        where = f"{task}, {pretrained!r} minus {control!r}"
+        got = g.call(fn, _toy_study(), task, pretrained, control)  # a fresh copy: the answer may edit it
+        expected = gap_curve(_toy_study(), task, pretrained, control)
+        if g.failure is not None or not g.expect(
+            f"{where}: the answer", isinstance(got, dict), f"expected a dict, got {type(got).__name__}"
+        ):
+            break
+        try:
+            got = {int(n): v for n, v in got.items()}
+        except (TypeError, ValueError):
+            g.expect(f"{where}: the keys", False, f"the keys must be label counts, got {list(got)}")
+            break
+        if not g.compare(f"{where}: the label counts", sorted(got), sorted(expected)):
+            break
+        for n, exp in expected.items():
+            summary = got[n]
+            if not g.expect(
+                f"{where}, {n} labels",
+                isinstance(summary, dict) and {"scores", "mean", "std"} <= set(summary),
+                f"expected a summary with 'scores', 'mean' and 'std' (evaluate.summarize), got {summary!r:.80}",
+            ):
+                break
+            g.compare(f"{where}, {n} labels: the gap of each seed", list(summary["scores"]), exp["scores"], atol=1e-9)
+            g.compare(f"{where}, {n} labels: the mean gap", summary["mean"], exp["mean"], atol=1e-9)
+            g.compare(f"{where}, {n} labels: the spread of the gaps", summary["std"], exp["std"], atol=1e-9)
     return g.result()

@@ -150,9 +150,11 @@ def make_splits(task: str, dev_fraction: float = 0.1, seed: int = 0, **caps) -> 
 
 
 def subsample(data: Data, n: int | None, seed: int) -> Data:
-    """A seeded random ``n`` of ``data`` (all of it for None or n >= len)."""
+    """A seeded random ``n`` of ``data``; None or n >= len is ``data`` itself, in its order."""
     if n is not None and n < 1:
         raise ValueError(f"a label budget must be at least 1, got {n}")
+    if n is None or n >= len(data):
+        return data  # the protocol's own train split: its test scores can stand for this point
     idx = _permutation(len(data), seed)[:n]
     return Data(tuple(data.texts[i] for i in idx), tuple(data.labels[i] for i in idx))
 
@@ -190,19 +192,32 @@ def protocol(scorer: Scorer, splits: Splits, lrs: Sequence[float | None], seeds:
 
 
 def label_efficiency(
-    scorer: Scorer, splits: Splits, lr: float | None, sizes: Sequence[int | None], seeds: Sequence[int]
+    scorer: Scorer,
+    splits: Splits,
+    lr: float | None,
+    sizes: Sequence[int | None],
+    seeds: Sequence[int],
+    all_labels: Sequence[float] | None = None,
 ) -> dict:
     """{str(n labels): summary of test scores}, each seed on its own random slice of train.
 
     A size of None, or one above the train split's, is all of it; a size met twice is run once.
+    ``all_labels``: the test scores (one per seed, in ``seeds``' order) already measured at ``lr``
+    on the whole train split, i.e. ``protocol``'s; the all-labels point reuses them instead of
+    training the same models again (``subsample`` returns the whole split unchanged).
     """
     _check([lr], seeds)
-    curve = {}
+    if all_labels is not None and len(all_labels) != len(seeds):
+        raise ValueError(f"all_labels holds {len(all_labels)} scores for {len(seeds)} seeds")
+    curve, whole = {}, str(len(splits.train))
     for n in sizes:
-        key = str(len(splits.train) if n is None else min(n, len(splits.train)))
-        if key not in curve:
-            scores = [scorer(subsample(splits.train, n, seed), splits.test, lr, seed) for seed in seeds]
-            curve[key] = summarize(scores)
+        key = whole if n is None else str(min(n, len(splits.train)))
+        if key in curve:
+            continue
+        if key == whole and all_labels is not None:
+            curve[key] = summarize(all_labels)
+        else:
+            curve[key] = summarize([scorer(subsample(splits.train, n, seed), splits.test, lr, seed) for seed in seeds])
     return curve
 
 

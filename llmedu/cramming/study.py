@@ -4,12 +4,13 @@
     python -m llmedu.cramming evaluate --runs crammed=runs/crammed --pretrain 1h --out runs/evaluation.json
 
 For each task of ``StudyConfig.tasks`` (``evaluate.TASKS``) and each model, ``evaluate.protocol``
-(rate chosen on dev, test over seeds), then ``evaluate.label_efficiency`` at the chosen rate, then
+(rate chosen on dev, test over seeds), then ``evaluate.label_efficiency`` at the chosen rate (its all-labels point is the protocol's test runs), then
 ``evaluate.task_average`` per model: the headline. The models:
 
 * each pretraining run, fine-tuned, and its frozen encoder under a linear probe;
 * random weights of the first run's shape, fine-tuned and probed: the control;
-* all-MiniLM-L6-v2, fine-tuned and probed (``minilm=True``): what far longer pretraining gives;
+* all-MiniLM-L6-v2, fine-tuned and probed (``minilm=True``; ``minilm_finetune=False`` keeps only the
+  probe, as its fine-tunes cost about 7x ours on a CPU): what far longer pretraining gives;
 * the majority class and TF-IDF + logistic regression.
 
 Every run's pretraining figures go in too: its summary (MLM loss, passes over the data, the
@@ -51,6 +52,7 @@ class StudyConfig:
     max_train: int | None = None  # cap the train split (after the dev split is taken): for quick runs
     max_eval: int | None = None  # cap the dev and test splits: for quick runs
     minilm: bool = True
+    minilm_finetune: bool = True  # False: MiniLM's linear probe only (its fine-tunes cost ~7x ours on a CPU)
 
     def __post_init__(self):
         for name in self.tasks:
@@ -97,8 +99,9 @@ def _models(runs: dict[str, str], config: StudyConfig) -> dict[str, tuple]:
     first = next(iter(runs.values()))
     models["random init"] = (finetune_scorer(first, from_scratch=True, settings=settings), rates)
     models["random init, linear probe"] = (probe_scorer(encoder_features(first, from_scratch=True)[0]), none)
-    if config.minilm:
+    if config.minilm and config.minilm_finetune:
         models["MiniLM-L6"] = (minilm_scorer(settings), rates)
+    if config.minilm:
         models["MiniLM-L6, linear probe"] = (probe_scorer(minilm_features()[0]), none)
     for name, scorer in baseline_scorers().items():
         models[name] = (scorer, none)
@@ -128,7 +131,7 @@ def run_study(runs: dict[str, str], config: StudyConfig = StudyConfig(), out=Non
             result = protocol(scorer, splits, rates, config.seeds)
             if config.label_sizes:
                 result["label_efficiency"] = label_efficiency(
-                    scorer, splits, result["lr"], config.label_sizes, config.seeds
+                    scorer, splits, result["lr"], config.label_sizes, config.seeds, result["test"]["scores"]
                 )
             result["seconds"] = round(time.perf_counter() - start, 1)
             per_model[name] = result

@@ -1,0 +1,173 @@
+"""Reading a study's JSON (``study.run_study``): the headline, the tables and the plots of lesson 22.
+
+``run_study`` writes one JSON: the pretraining summaries, and per task and model the rate chosen on
+dev, the test scores over seeds and the label-efficiency curve. This module turns it into what a
+reader needs to judge the result:
+
+* ``headline``: the issue's figure: the pretrained encoder minus random init on the task average,
+  each at its own dev-chosen rate (best against best), per seed, then mean and spread;
+* ``task_table``: every model on every task as mean +- standard deviation over seeds, with the
+  rate dev chose, calibration rows included, and the task average;
+* ``plot_pretraining``: the held-out MLM loss against the budget's minutes, beside the unigram line (the
+  loss of a model that knows only word frequencies);
+* ``plot_label_efficiency``: test accuracy against labels per task, fine-tuned models as curves
+  (mean, min-max band over seeds), the calibration rows as horizontal lines at the full label count.
+
+``load_study`` reads the file and says what is missing when it is not a study's output.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+__all__ = [
+    "RECORDED",
+    "load_study",
+    "headline",
+    "task_table",
+    "pretraining_table",
+    "plot_pretraining",
+    "plot_label_efficiency",
+]
+
+RECORDED = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 22's run
+_KEYS = ("config", "pretraining", "tasks", "average")
+CALIBRATION = ("majority class", "TF-IDF + logistic regression")
+
+
+def load_study(path) -> dict:
+    """The results of ``run_study`` read from ``path``; a clear error for a file that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no study results here (python -m llmedu.cramming evaluate --out ...)")
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not JSON: {error}") from None
+    missing = [k for k in _KEYS if not isinstance(results, dict) or k not in results]
+    if missing:
+        raise ValueError(f"{path} is not a study's output: it lacks {', '.join(missing)}")
+    if not results["tasks"]:
+        raise ValueError(f"{path} holds no finished task")
+    return results
+
+
+def _per_seed_average(results: dict, model: str) -> list[float]:
+    tasks = results["tasks"].values()
+    for t in tasks:
+        if model not in t["models"]:
+            raise KeyError(f"no model {model!r} in the study; it has {', '.join(t['models'])}")
+    columns = zip(*(t["models"][model]["test"]["scores"] for t in tasks))
+    return [statistics.fmean(c) for c in columns]
+
+
+def headline(results: dict, pretrained: str = "crammed", control: str = "random init") -> dict:
+    """Task average of ``pretrained`` minus ``control``, per seed (both at their dev-chosen rates)."""
+    ours, theirs = _per_seed_average(results, pretrained), _per_seed_average(results, control)
+    gaps = [a - b for a, b in zip(ours, theirs)]
+    return {
+        "tasks": list(results["tasks"]),
+        pretrained: statistics.fmean(ours),
+        control: statistics.fmean(theirs),
+        "gap_per_seed": gaps,
+        "gap": statistics.fmean(gaps),
+        "gap_std": statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+    }
+
+
+def _cell(result: dict) -> str:
+    t = result["test"]
+    return f"{100 * t['mean']:5.1f} +- {100 * t['std']:3.1f}"
+
+
+def task_table(results: dict) -> str:
+    """Models x tasks: test accuracy (%) mean +- std over seeds, the rate dev chose, and the task average."""
+    tasks = list(results["tasks"])
+    models = list(next(iter(results["tasks"].values()))["models"])
+    width = max(len(m) for m in models) + 2
+    head = f"{'model':<{width}}" + "".join(f"{t:>24}" for t in tasks) + f"{'average':>16}"
+    lines = [head, "-" * len(head)]
+    for m in models:
+        row = f"{m:<{width}}"
+        for t in tasks:
+            r = results["tasks"][t]["models"][m]
+            rate = "" if r["lr"] is None else f" ({r['lr']:.0e})"
+            row += f"{_cell(r) + rate:>24}"
+        avg = results["average"].get(m)
+        row += f"{100 * avg['mean']:9.1f} +- {100 * avg['std']:3.1f}" if avg else f"{'-':>16}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def pretraining_table(results: dict) -> str:
+    """One line per pretraining run: budget, steps, tokens, passes over the data, loss vs the unigram line."""
+    lines = []
+    for name, p in results["pretraining"].items():
+        s = p["summary"] or {}
+        last = s.get("val_loss") or float("nan")
+        lines.append(
+            f"{name}: {s.get('steps', 0):,} steps in {s.get('elapsed_seconds', 0) / 60:.1f} min, "
+            f"{s.get('tokens_seen', 0) / 1e6:.1f}M tokens ({s.get('passes', 0):.2f} passes over "
+            f"{s.get('corpus_tokens', 0) / 1e6:.2f}M), held-out MLM loss {last:.3f} "
+            f"against the unigram line {p['unigram_cross_entropy']:.3f} nats"
+        )
+    return "\n".join(lines)
+
+
+def plot_pretraining(results: dict, ax=None):
+    """Held-out MLM loss against the budget's clock per run, with each run's unigram line dashed.
+
+    The clock is the trainer's (the held-out evaluations are outside it), so the x-axis is the budget.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    for name, p in results["pretraining"].items():
+        history = (p["summary"] or {}).get("val_history") or []
+        if not history:
+            continue
+        (line,) = ax.plot([h["elapsed"] / 60 for h in history], [h["val_loss"] for h in history], label=name)
+        ax.axhline(p["unigram_cross_entropy"], ls="--", color=line.get_color(), alpha=0.7)
+        ax.text(0, p["unigram_cross_entropy"], " unigram line: word frequencies only", va="bottom", fontsize=8)
+    ax.set_xlabel("minutes of the budget")
+    ax.set_ylabel("held-out MLM loss (nats per masked token)")
+    ax.legend(loc="upper right", fontsize=8)
+    return ax
+
+
+def plot_label_efficiency(results: dict, models=("crammed", "random init"), axes=None):
+    """Per task: test accuracy against training labels (log x), bands = min-max over seeds."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(results["tasks"])
+    if axes is None:
+        _, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+        axes = axes[0]
+    for ax, task in zip(axes, tasks):
+        rows = results["tasks"][task]["models"]
+        n_all = results["tasks"][task]["sizes"]["train"]
+        for m in models:
+            curve = rows[m].get("label_efficiency") or {}
+            xs = sorted(curve, key=int)
+            ax.plot([int(x) for x in xs], [100 * curve[x]["mean"] for x in xs], marker="o", label=m)
+            ax.fill_between(
+                [int(x) for x in xs],
+                [100 * min(curve[x]["scores"]) for x in xs],
+                [100 * max(curve[x]["scores"]) for x in xs],
+                alpha=0.2,
+            )
+        for m, style in ((CALIBRATION[0], ":"), (CALIBRATION[1], "--")):
+            if m in rows:
+                ax.axhline(100 * rows[m]["test"]["mean"], ls=style, color="grey", label=f"{m} ({n_all} labels)")
+        for m, r in rows.items():
+            if m.endswith("linear probe"):
+                ax.plot([n_all], [100 * r["test"]["mean"]], marker="x", ls="none", label=m)
+        ax.set_xscale("log")
+        ax.set_title(task)
+        ax.set_xlabel("training labels")
+    axes[0].set_ylabel("test accuracy (%)")
+    axes[-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+    return axes

@@ -1,0 +1,114 @@
+"""The study report: the headline is the per-seed gap of task averages; bad files are clear errors."""
+
+import json
+import math
+
+import matplotlib
+import pytest
+
+from llmedu.cramming.report import (
+    headline,
+    load_study,
+    plot_label_efficiency,
+    plot_pretraining,
+    pretraining_table,
+    task_table,
+)
+
+matplotlib.use("Agg")
+
+
+def _result(scores, lr=None, curve=None):
+    mean = sum(scores) / len(scores)
+    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (len(scores) - 1))
+    r = {"lr": lr, "test": {"scores": scores, "mean": mean, "std": std}}
+    if curve:
+        r["label_efficiency"] = {k: {"scores": v, "mean": sum(v) / len(v)} for k, v in curve.items()}
+    return r
+
+
+STUDY = {
+    "config": {},
+    "pretraining": {
+        "crammed": {
+            "summary": {
+                "steps": 100,
+                "elapsed_seconds": 60.0,
+                "tokens_seen": 2_000_000,
+                "passes": 0.5,
+                "corpus_tokens": 4_000_000,
+                "val_loss": 5.2,
+                "val_history": [
+                    {"step": 50, "elapsed": 30.0, "val_loss": 6.0},
+                    {"step": 100, "elapsed": 60.0, "val_loss": 5.2},
+                ],
+            },  # fmt: skip
+            "unigram_cross_entropy": 6.4,
+        }
+    },
+    "tasks": {
+        "a": {
+            "sizes": {"train": 200, "dev": 20, "test": 20},
+            "models": {
+                "crammed": _result([0.8, 0.7, 0.9], 4e-4, {"10": [0.5, 0.6, 0.5], "200": [0.8, 0.7, 0.9]}),
+                "random init": _result([0.6, 0.6, 0.6], 8e-4, {"10": [0.5, 0.5, 0.5], "200": [0.6, 0.6, 0.6]}),
+                "crammed, linear probe": _result([0.7, 0.7, 0.7]),
+                "majority class": _result([0.5, 0.5, 0.5]),
+            },
+        },
+        "b": {
+            "sizes": {"train": 100, "dev": 20, "test": 20},
+            "models": {
+                "crammed": _result([0.6, 0.6, 0.7], 2e-4, {"100": [0.6, 0.6, 0.7]}),
+                "random init": _result([0.6, 0.5, 0.6], 8e-4, {"100": [0.6, 0.5, 0.6]}),
+                "crammed, linear probe": _result([0.5, 0.5, 0.5]),
+                "majority class": _result([0.3, 0.3, 0.3]),
+            },
+        },
+    },  # fmt: skip
+    "average": {},
+}
+
+
+def test_headline_is_the_per_seed_gap_of_the_task_averages():
+    h = headline(STUDY)
+    # per seed: crammed (0.7, 0.65, 0.8), random (0.6, 0.55, 0.6): gaps 0.1, 0.1, 0.2
+    assert h["gap_per_seed"] == pytest.approx([0.1, 0.1, 0.2])
+    assert h["gap"] == pytest.approx(0.4 / 3) and h["gap_std"] == pytest.approx(math.sqrt(0.01 / 3))
+    assert h["crammed"] == pytest.approx(2.15 / 3) and h["tasks"] == ["a", "b"]
+    with pytest.raises(KeyError, match="no model 'MiniLM-L6'"):
+        headline(STUDY, pretrained="MiniLM-L6")
+
+
+def test_tables_show_every_model_and_the_chosen_rate():
+    table = task_table(STUDY)
+    assert "random init" in table and "80.0 +- 10.0 (4e-04)" in table and "majority class" in table
+    assert "100 steps in 1.0 min, 2.0M tokens (0.50 passes over 4.00M)" in pretraining_table(STUDY)
+    assert "held-out MLM loss 5.200 against the unigram line 6.400" in pretraining_table(STUDY)
+
+
+def test_plots_draw_the_curves_and_the_calibration_lines():
+    ax = plot_pretraining(STUDY)
+    assert [round(y, 1) for y in ax.lines[0].get_ydata()] == [6.0, 5.2] and ax.lines[1].get_ydata()[0] == 6.4
+    axes = plot_label_efficiency(STUDY)
+    labels = [line.get_label() for line in axes[0].lines]
+    assert labels[:2] == ["crammed", "random init"] and "majority class (200 labels)" in labels
+    assert list(axes[0].lines[0].get_xdata()) == [10, 200]
+
+
+def test_a_file_that_is_not_a_study_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no study results"):
+        load_study(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        load_study(bad)
+    bad.write_text(json.dumps({"config": {}, "tasks": {}}))
+    with pytest.raises(ValueError, match="lacks pretraining, average"):
+        load_study(bad)
+    bad.write_text(json.dumps({"config": {}, "tasks": {}, "pretraining": {}, "average": {}}))
+    with pytest.raises(ValueError, match="no finished task"):
+        load_study(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(STUDY))
+    assert load_study(good)["tasks"]["a"]["sizes"]["train"] == 200
