@@ -94,3 +94,29 @@ def test_calibration_takes_the_modelled_rest_off_first():
 def test_nonsense_is_refused_with_a_clear_error(call, message):
     with pytest.raises((ValueError, RuntimeError), match=message):
         call()
+
+
+def test_a_noisy_link_probe_is_repeated_then_refused(monkeypatch):
+    """Times that do not grow with the size (a busy machine) get a second probe with more repeats."""
+    import importlib
+
+    from llmedu.parallel.local_cluster import measure_gloo_link
+
+    launch_module = importlib.import_module("llmedu.parallel.launch")  # the module, not the function it exports
+
+    sizes = (1_000, 1_000_000)
+    answers = [[3e-3, 1e-3], [1e-4, 1.1e-3]]  # noise, then times that grow with the size
+    calls = []
+
+    def fake_launch(fn, world, sizes, repeats, echo):
+        calls.append(repeats)
+        return [answers[len(calls) - 1]]
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    link = measure_gloo_link(2, sizes, repeats=5)
+    assert calls == [5, 10] and link.bandwidth > 0
+    answers[:] = [[3e-3, 1e-3]] * 3
+    calls.clear()
+    with pytest.raises(RuntimeError, match="do not grow with the size"):
+        measure_gloo_link(2, sizes, repeats=5, attempts=3)
+    assert calls == [5, 10, 20]

@@ -160,14 +160,26 @@ def fit_alpha_beta(sizes, seconds, world: int) -> tuple[float, float]:
     return max(float(alpha), 0.0), 1.0 / float(inv_beta)
 
 
-def measure_gloo_link(world: int = 2, sizes: tuple[int, ...] = PROBE_SIZES, repeats: int = 5) -> Link:
-    """Start ``world`` processes, time gloo's all-reduce at ``sizes`` bytes, fit alpha and beta (see above)."""
+def measure_gloo_link(
+    world: int = 2, sizes: tuple[int, ...] = PROBE_SIZES, repeats: int = 5, attempts: int = 3
+) -> Link:
+    """Start ``world`` processes, time gloo's all-reduce at ``sizes`` bytes, fit alpha and beta (see above).
+
+    A busy machine can make a small all-reduce as slow as a large one, and then no bandwidth fits: the
+    probe is run again with twice the repeats, ``attempts`` times in all, then the fit's error is raised.
+    """
     from .launch import launch
 
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"a link needs at least 2 ranks to measure, got world={world!r}")
-    seconds = launch(_time_all_reduce, world, tuple(sizes), repeats, echo=False)[0]
-    alpha, beta = fit_alpha_beta(sizes, seconds, world)
+    for attempt in range(attempts):
+        seconds = launch(_time_all_reduce, world, tuple(sizes), repeats * 2**attempt, echo=False)[0]
+        try:
+            alpha, beta = fit_alpha_beta(sizes, seconds, world)
+            break
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
     return Link(
         f"gloo loopback, {world} ranks",
         beta,
