@@ -142,8 +142,8 @@ def test_the_counts_are_what_our_wrappers_send():
     for i, lay in enumerate(layouts):
         m = sequences // (lay.dp * lay.micro_batch)
         per_micro = sum(messages_per_micro_batch(cfg, lay).values())
-        pieces = cfg.n_layers + 1 if lay.zero else 1
-        expected = m * per_micro + sum(messages_per_step(lay, pieces, m).values())
+        dp_moves = dp_collectives(cfg, lay, Batch(sequences, cfg.max_seq_len))
+        expected = m * per_micro + sum(messages_per_step(dp_moves).values())
         assert max(rank[i] for rank in counted) == expected, str(lay)
 
 

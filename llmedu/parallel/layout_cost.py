@@ -418,7 +418,7 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
             f"{layout} has {layout.world} ranks; the cluster's sharing was measured with {cluster.world_size}"
         )
     # each hop of the busiest rank's blocking messages waits for a process to be scheduled (0 on GPUs)
-    waits = cluster.message_wait * blocking_hops(cfg, layout, pieces, m)
+    waits = cluster.message_wait * blocking_hops(cfg, layout, moves, m)
     parts["waits"] = waits
     critical = pipeline + dp + optimizer + waits  # the critical path, every rank at its full speed
     speed = cluster.shared_speed(layout.world)

@@ -199,19 +199,14 @@ def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
     return {"tp": tp, "cp": layers * 3 * (layout.cp - 1), "ep": layers * 4 * moe, "pp": pp}
 
 
-def messages_per_step(layout, pieces: int, micro_batches: int) -> dict[str, int]:
-    """Blocking collectives of the data-parallel sync in one step (``pieces``: DDP's buckets or ZeRO's units):
-    an all-reduce a bucket ("dp all-reduce"); ZeRO, the gradient norm's all-reduce and, a unit ("dp shard"):
-    ZeRO-1 a reduce-scatter and an all-gather at the step; ZeRO-2 a reduce-scatter in every micro-batch's
-    backward and an all-gather at the step; ZeRO-3 a reduce-scatter and two gathers in every micro-batch.
-    The same counts as ``layout_cost.dp_collectives``, whose alpha-beta ``step_time`` charges."""
-    if layout.dp * layout.cp == 1:
-        return {"dp all-reduce": 0, "dp shard": 0}
-    if not layout.zero:
-        return {"dp all-reduce": pieces, "dp shard": 0}
-    reduce_scatters = pieces * (micro_batches if layout.zero >= 2 else 1)
-    gathers = pieces * (2 * micro_batches if layout.zero >= 3 else 1)
-    return {"dp all-reduce": 1, "dp shard": reduce_scatters + gathers}
+def messages_per_step(moves: dict[str, tuple[str, int, float]]) -> dict[str, int]:
+    """Blocking collectives of the data-parallel sync in one step, from ``layout_cost.dp_collectives`` (the
+    counts ``step_time``'s alpha-beta charges): its all-reduces (DDP's buckets, ZeRO's gradient norm) as
+    "dp all-reduce", its reduce-scatters and all-gathers (ZeRO's units) as "dp shard"."""
+    counts = {"dp all-reduce": 0, "dp shard": 0}
+    for op, n, _ in moves.values():
+        counts["dp all-reduce" if op == "all_reduce" else "dp shard"] += n
+    return counts
 
 
 def hops(kind: str, layout) -> int:
@@ -231,11 +226,10 @@ def hops(kind: str, layout) -> int:
     return steps[kind]
 
 
-def blocking_hops(cfg, layout, pieces: int, micro_batches: int) -> float:
+def blocking_hops(cfg, layout, dp_moves: dict, micro_batches: int) -> float:
     """Hops of the busiest rank's blocking messages in one step: the micro-batch's in every slot of the
-    pipeline (m + (pp - 1) / v, as ``step_time`` charges their alpha-beta), then the data-parallel sync's."""
+    pipeline (m + (pp - 1) / v, as ``step_time`` charges their alpha-beta), then the data-parallel sync's
+    (``dp_moves``: ``layout_cost.dp_collectives`` of the layout)."""
     slots = micro_batches + (layout.pp - 1) / layout.virtual
     per_slot = sum(n * hops(k, layout) for k, n in messages_per_micro_batch(cfg, layout).items())
-    return slots * per_slot + sum(
-        n * hops(k, layout) for k, n in messages_per_step(layout, pieces, micro_batches).items()
-    )
+    return slots * per_slot + sum(n * hops(k, layout) for k, n in messages_per_step(dp_moves).items())
