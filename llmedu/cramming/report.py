@@ -22,6 +22,8 @@ import json
 import statistics
 from pathlib import Path
 
+from .evaluate import task_average
+
 __all__ = [
     "RECORDED",
     "load_study",
@@ -59,8 +61,7 @@ def _per_seed_average(results: dict, model: str) -> list[float]:
     for t in tasks:
         if model not in t["models"]:
             raise KeyError(f"no model {model!r} in the study; it has {', '.join(t['models'])}")
-    columns = zip(*(t["models"][model]["test"]["scores"] for t in tasks))
-    return [statistics.fmean(c) for c in columns]
+    return task_average({name: t["models"][model] for name, t in results["tasks"].items()})["scores"]
 
 
 def headline(results: dict, pretrained: str = "crammed", control: str = "random init") -> dict:
