@@ -165,12 +165,7 @@ class _ReplayNoFork(_NoReplay):  # replays the masks, but leaves the caller's st
         return _NoReplay.backward(ctx, grad_out)
 
 
-class _Replay(_NoReplay):  # the fix
-    @staticmethod
-    def forward(ctx, f, x):
-        ctx.rng = torch.get_rng_state()
-        return _NoReplay.forward(ctx, f, x)
-
+class _Replay(_ReplayNoFork):  # the fix: the same forward, the replay inside fork_rng
     @staticmethod
     def backward(ctx, grad_out):
         with torch.random.fork_rng(devices=[]):
