@@ -14,7 +14,15 @@ import torch
 from torch import nn
 
 from llmedu.compress.finetuned import new_classifier, rotten_tomatoes
-from llmedu.compress.int8 import QuantLinear, dequantize, int8_matmul, qrange, quantize, quantize_linears
+from llmedu.compress.int8 import (
+    QuantLinear,
+    dequantize,
+    int8_matmul,
+    qrange,
+    quantize,
+    quantize_linears,
+    quantize_per_call,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # many small ops on a busy 2-core CPU
 
@@ -82,6 +90,45 @@ def test_quant_linear_matches_torch_dynamic_linear_exactly_in_codes():
     assert torch.equal(ours.weight_q, theirs.weight().int_repr())
     assert (ours(x) - theirs(x)).abs().max() < 1e-5  # same codes; float32 rounding of the rescale only
     assert (ours(x) - linear(x)).abs().max() > 1e-3  # and it is a quantized layer: not the fp32 one
+
+
+def test_per_call_codes_round_once_as_torchs_quantizer_does():
+    # Values within a few float32 steps of the ties x / s + z = k + 1/2, where the order of rounding decides
+    # the code: computing x * (1/s) + z in two rounded steps picks another code for some of them.
+    ends = torch.tensor([-3.0, 5.0])  # they fix the range, hence s and z
+    _, scale, zero_point = quantize(ends, bits=7, symmetric=False)
+    ties = ((torch.arange(128, dtype=torch.float64) + 0.5 - float(zero_point)) * float(scale)).float()
+    near = [ties]
+    for direction in (1e9, -1e9):
+        x = ties
+        for _ in range(64):
+            x = torch.nextafter(x, torch.full_like(x, direction))
+            near.append(x)
+    x = torch.cat([ends, *near])
+    x = x[(x >= -3.0) & (x <= 5.0)]
+    ours, s, z = quantize_per_call(x, bits=7)
+    assert torch.equal(s, scale) and torch.equal(z, zero_point)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated; here they are the reference
+        theirs = torch.quantize_per_tensor(x, float(scale), int(zero_point), torch.quint8).int_repr()
+    assert torch.equal(ours, theirs.to(torch.int8))  # fbgemm's quantizer, code for code
+    assert torch.equal(ours, quantize(x, bits=7, symmetric=False)[0].to(torch.int8))  # and the float64 steps
+    twice = (x * float(1.0 / scale) + zero_point).round_().clamp_(0, 127).to(torch.int8)
+    assert (twice != ours).sum() > 0  # the values do tell one rounding from two
+
+
+def test_per_call_codes_equal_quantize_on_activations():
+    torch.manual_seed(0)
+    for shape, spread, shift in [((64, 384), 1.0, 0.0), ((33, 1536), 7.0, 2.5), ((5, 8), 0.01, -1.0)]:
+        x = torch.randn(shape) * spread + shift
+        q, s, z = quantize_per_call(x)
+        ref, s_ref, z_ref = quantize(x, bits=7, symmetric=False)
+        assert q.dtype == torch.int8 and torch.equal(q, ref.to(torch.int8))
+        assert torch.equal(s, s_ref) and torch.equal(z, z_ref)
+    with pytest.raises(ValueError, match="bits must be 2..7"):
+        quantize_per_call(torch.randn(4, 4), bits=8)  # codes up to 255 do not fit int8
+    with pytest.raises(ValueError, match="non-empty floating-point"):
+        quantize_per_call(torch.ones(4, 4, dtype=torch.int32))
 
 
 @pytest.fixture(scope="module")
