@@ -13,7 +13,8 @@ steps (a step's time is its slowest rank's; the median is reported, the minimum 
 The prediction is ``planner.evaluate`` on ``local_cluster``: one thread's fp32 matmul FLOP/s and gloo's
 alpha-beta, measured in this run (``llmedu.parallel.local_cluster``), and for each world size how the ranks
 share the CPU (``llmedu.parallel.shared_cores``: the speed a rank keeps while all compute, timed on the
-model's step, and what a blocking message waits beyond alpha-beta), no overlap of communication with
+model's step, reported with the probe's raw reading and noise, and what a blocking message waits beyond
+alpha-beta), no overlap of communication with
 compute, and ONE calibration: the efficiency of the model's step
 relative to the matmul probe, from the one-process layout (so that layout's time error is ~0 by
 construction; every other layout tests what the model adds: division of the work, collectives,
@@ -28,7 +29,7 @@ import json
 import os
 import sys
 
-from llmedu.parallel.layout_cost import Layout
+from llmedu.parallel.layout_memory import Layout
 from llmedu.parallel.layout_run import measure_layouts, predict_layouts, probe_machine, small_gpt
 
 MEMORY_TARGET, TIME_TARGET = 0.10, 0.25
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
                 "alpha_us": k.latency * 1e6,
                 "beta_gbs": k.bandwidth / 1e9,
                 "speed": probes["sharing"][w].speed,
+                "speed_read": probes["sharing"][w].measured,  # the probe's median before clipping at 1
+                "speed_noise": probes["sharing"][w].noise,  # half the range of its repeats
                 "wait_ms": probes["sharing"][w].wait * 1e3,
             }
             for w, k in probes["links"].items()

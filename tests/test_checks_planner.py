@@ -11,7 +11,7 @@ from llmedu.checks.planner import (
     check_ring_all_reduce_time,
 )
 from llmedu.parallel.cost_model import cluster
-from llmedu.parallel.layout_cost import Batch, Layout
+from llmedu.parallel.layout_memory import Batch, Layout
 from llmedu.parallel.planner import plan
 
 

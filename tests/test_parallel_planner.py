@@ -13,17 +13,8 @@ from llmedu.models.gpt import CausalLM
 from llmedu.parallel import launch
 from llmedu.parallel.collectives import all_gather, reduce_scatter, ring_all_reduce
 from llmedu.parallel.cost_model import ETHERNET, Link, all_reduce_time, bytes_sent, cluster, collective_time
-from llmedu.parallel.layout_cost import (
-    Batch,
-    Layout,
-    active_matmul_parameters,
-    dp_collectives,
-    memory_per_rank,
-    parameters,
-    stage_layers,
-    step_time,
-    tp_collectives,
-)
+from llmedu.parallel.layout_cost import active_matmul_parameters, dp_collectives, step_time, tp_collectives
+from llmedu.parallel.layout_memory import Batch, Layout, memory_per_rank, parameters, stage_layers
 from llmedu.parallel.p2p import traffic
 from llmedu.parallel.planner import MODELS, NothingFits, evaluate, layouts, plan
 
@@ -177,6 +168,84 @@ def test_zero_2_and_3_reduce_scatter_in_every_micro_batch_and_zero_1_once_a_step
         scatter = pieces * collective_time("reduce_scatter", size, 16, link)
         gathers = 2 * pieces * collective_time("all_gather", size, 16, link) if zero == 3 else 0.0
         assert two - one == pytest.approx(scatter + gathers if zero >= 2 else 0.0)
+
+
+def _dp_by_hand(cfg, lay, batch, c):
+    """The data-parallel collectives of one step on the DP group's link, by hand: (pieces, one round of the
+    units' all-reduces, reduce-scatters, all-gathers, and the gradient norm's all-reduce), in seconds."""
+    moves, p = dp_collectives(cfg, lay, batch), lay.dp * lay.cp
+    link = c.link(p, stride=lay.tp)
+    k = cfg.n_layers // lay.pp + 1 if lay.zero else moves["all-reduce"][1]
+    one = {kind: collective_time(op, size, p, link) for kind, (op, _, size) in moves.items() if op != "all_reduce"}
+    ar = {kind: all_reduce_time(size, p, link)[0] for kind, (op, _, size) in moves.items() if op == "all_reduce"}
+    return (
+        k,
+        k * ar.get("all-reduce", 0.0),
+        k * one.get("reduce-scatter", 0.0),
+        k * one.get("all-gather", 0.0),
+        ar.get("gradient norm", 0.0),
+    )
+
+
+def test_zero_3_hides_its_communication_behind_compute_once():
+    """ZeRO-3, 8 ranks on a 60 GB/s link, Llama-3-8B: each micro-batch gathers every unit for forward (G) and
+    again for backward, and reduce-scatters its gradient (S). 2G fits in one micro-batch's compute C and S in
+    its backward, so hiding each behind its own copy of the compute hid all of it; but the forward (C/3) can
+    hide only the first gather and the backward (2C/3) the second and the reduce-scatter: what exceeds one
+    compute shows, as does a unit's worth of each (the first gather precedes any compute, the last reduce-
+    scatter follows it)."""
+    cfg, batch, m = MODELS["llama3-8b"], Batch(16, 2048), 2
+    c = replace(cluster("dgx-a100"), intra=Link("test", bandwidth=60e9, latency=5e-6, source="a test"))
+    lay = Layout(dp=8, zero=3)
+    t = step_time(cfg, lay, batch, c)
+    compute = t["compute"] / m
+    k, _, scatter, gather, norm = _dp_by_hand(cfg, lay, batch, c)
+    forward, backward = compute / 3, 2 * compute / 3
+    assert 2 * gather < compute and scatter < backward  # each alone hides: the old model charged ~nothing
+    assert 2 * gather + scatter > compute  # but together they outlast one micro-batch's compute
+    by_hand = m * (
+        max(gather / k, gather - forward * (k - 1) / k)
+        + max((gather + scatter) / k, gather + scatter - backward * (k - 1) / k)
+    )
+    assert t["dp"] == pytest.approx(by_hand + norm)
+    assert t["dp"] > m * (2 * gather + scatter - compute)  # at least what exceeds the compute, once
+
+
+def test_zero_1_and_2_gather_the_updated_weights_after_the_step_in_full():
+    """After the optimizer step every rank all-gathers the updated shards (our zero.py does it in step(),
+    synchronously): no compute of the step is left to hide it. On one DGX A100 Llama-3-8B's backward hides the
+    reduce-scatters (all but the last unit's), never the gather; ZeRO-3 has no such gather."""
+    cfg, batch, c = MODELS["llama3-8b"], Batch(16, 2048), cluster("dgx-a100")
+    for zero in (1, 2):
+        lay = Layout(dp=8, zero=zero)
+        t = step_time(cfg, lay, batch, c)
+        m, compute = 2, t["compute"] / 2
+        k, _, scatter, gather, norm = _dp_by_hand(cfg, lay, batch, c)
+        assert scatter + gather < 2 / 3 * compute  # the old model hid both behind the last backward
+        rounds = 1 if zero == 1 else m  # ZeRO-1 reduces once a step, ZeRO-2 in every micro-batch
+        assert t["dp"] == pytest.approx(rounds * scatter / k + norm + gather)
+        assert t["dp"] > gather
+    zero3 = step_time(cfg, Layout(dp=8, zero=3), batch, c)["dp"]
+    k, _, scatter, gather, norm = _dp_by_hand(cfg, Layout(dp=8, zero=3), batch, c)
+    assert zero3 == pytest.approx(2 * (gather + scatter + gather) / k + norm)  # no gather after the step
+
+
+def test_ddp_hides_all_but_the_last_bucket_behind_backward_and_recomputation_lengthens_it():
+    """DDP's bucket all-reduces run during backward, but the last bucket is ready only when backward ends; with
+    full recomputation backward is 3/4 of the compute (it reruns the forward: 2N + 4N of 8N), not 2/3."""
+    cfg, batch, c = MODELS["llama3-8b"], Batch(16, 2048), cluster("dgx-a100")
+    t = step_time(cfg, Layout(dp=8), batch, c)
+    k, all_reduce, *_ = _dp_by_hand(cfg, Layout(dp=8), batch, c)
+    assert k > 1 and all_reduce < 2 / 3 * t["compute"] / 2
+    assert t["dp"] == pytest.approx(all_reduce / k)  # one bucket shows
+    slow = cluster("dgx-a100", nodes=2, inter=ETHERNET)
+    for recompute, share in (("none", 2 / 3), ("full", 3 / 4)):
+        lay = Layout(dp=16, recompute=recompute)
+        t = step_time(cfg, lay, Batch(32, 2048), slow)
+        k, all_reduce, *_ = _dp_by_hand(cfg, lay, Batch(32, 2048), slow)
+        backward = share * t["compute"] / 2
+        assert all_reduce - backward > all_reduce / k  # the all-reduce outlasts backward on 100 Gb Ethernet
+        assert t["dp"] == pytest.approx(all_reduce - backward * (k - 1) / k), recompute
 
 
 def test_tensor_parallelism_pays_for_its_vocabulary_ends():

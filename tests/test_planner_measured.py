@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 from llmedu.parallel.cost_model import Link
-from llmedu.parallel.layout_cost import Batch, Layout, memory_per_rank, step_time
+from llmedu.parallel.layout_cost import step_time
+from llmedu.parallel.layout_memory import Batch, Layout, memory_per_rank
 from llmedu.parallel.layout_run import measure_layouts, small_gpt
 from llmedu.parallel.local_cluster import calibrate_efficiency, fit_alpha_beta, local_cluster
 

@@ -9,10 +9,18 @@ import pytest
 import torch
 
 from llmedu.parallel.cost_model import Link, cluster
-from llmedu.parallel.layout_cost import Batch, Layout, dp_collectives, step_time, tp_collectives
+from llmedu.parallel.layout_cost import dp_collectives, step_time, tp_collectives
+from llmedu.parallel.layout_memory import Batch, Layout
 from llmedu.parallel.layout_run import build, small_gpt
 from llmedu.parallel.local_cluster import local_cluster
-from llmedu.parallel.shared_cores import Sharing, hops, messages_per_micro_batch, messages_per_step, sharing_from
+from llmedu.parallel.shared_cores import (
+    Sharing,
+    hops,
+    measure_sharing,
+    messages_per_micro_batch,
+    messages_per_step,
+    sharing_from,
+)
 
 LINK = Link("test link", bandwidth=1e9, latency=1e-4, source="a test")
 KNOWN = dict(cores=2, thread_flops=1e10, link=LINK, adam_rate=1e9, memory_bytes=2**34, threads=1)
@@ -25,12 +33,49 @@ def machine(world, speed=None, wait=0.0, **changes):
 
 
 def test_the_probe_times_become_a_speed_and_a_wait_per_hop():
-    s = sharing_from(4, speed=0.4, message=0.009, modelled=0.003)
+    s = sharing_from(4, speed=0.4, message=0.009, modelled=0.003, noise=0.05)
     assert (s.speed, s.wait) == pytest.approx((0.4, 0.001))  # 6 ms over the 6 hops of a 4-rank ring
-    assert "40%" in s.source and "6 hops" in s.source
-    # never faster than alone, and a message never waits less than nothing
-    assert sharing_from(2, 1.2, 0.0005, 0.001).speed == 1.0
-    assert sharing_from(2, 1.2, 0.0005, 0.001).wait == 0.0
+    assert "40%" in s.source and "+- 5%" in s.source and "6 hops" in s.source
+    assert (s.measured, s.noise) == (0.4, 0.05)
+    # a message never waits less than nothing
+    assert sharing_from(2, 0.9, 0.0005, 0.001).wait == 0.0
+
+
+def test_a_speed_above_one_is_no_slowdown_within_its_noise_and_refused_beyond_it():
+    """Ranks that share a CPU do not speed each other up: a reading of 1.2 +- 0.25 is "no slowdown" (speed 1),
+    its raw value and noise kept and said; 1.2 +- 0.05 is a probe the machine's drift spoiled, refused."""
+    s = sharing_from(2, 1.2, 0.0005, 0.001, noise=0.25)
+    assert (s.speed, s.measured, s.noise) == (1.0, 1.2, 0.25)
+    assert "read 120% +- 25%, above 100% within its noise" in s.source
+    with pytest.raises(RuntimeError, match=r"read 120% \+- 5% .* faster together than alone beyond its noise"):
+        sharing_from(2, 1.2, 0.0005, 0.001, noise=0.05)
+
+
+def test_a_noisy_sharing_probe_is_repeated_then_refused(monkeypatch):
+    """An injected probe: readings above 1 beyond their spread get a second probe with twice the repeats; a
+    reading within its noise is kept (clipped to 1, the raw median and half-range recorded); three noisy
+    probes in a row are refused."""
+    import importlib
+
+    launch_module = importlib.import_module("llmedu.parallel.launch")  # the module, not the function it exports
+    noisy, good, within = [1.30, 1.28, 1.33, 1.31, 1.29], [0.55, 0.61, 0.58, 0.60, 0.57], [0.98, 1.04, 1.12, 0.99]
+    answers, calls = [noisy, good], []
+
+    def fake_launch(fn, world, cfg, micro_batch, steps, work_n, rounds, repeats, echo):
+        calls.append(repeats)
+        return [(answers[len(calls) - 1], 1e-3, 4e-3)]  # speeds, a round of work, of work + a 4 KiB all-reduce
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    s = measure_sharing(CFG, 2, LINK, repeats=5)
+    assert calls == [5, 10]
+    assert (s.speed, s.measured, s.noise) == pytest.approx((0.58, 0.58, 0.03))
+    answers[:], calls[:] = [within], []
+    s = measure_sharing(CFG, 2, LINK, repeats=5)
+    assert calls == [5] and (s.speed, s.measured, s.noise) == pytest.approx((1.0, 1.015, 0.07))
+    answers[:], calls[:] = [noisy] * 3, []
+    with pytest.raises(RuntimeError, match="faster together than alone beyond its noise"):
+        measure_sharing(CFG, 2, LINK, repeats=5, attempts=3)
+    assert calls == [5, 10, 20]
 
 
 def test_ranks_with_a_core_each_and_no_wait_cost_what_they_did_before():
@@ -90,7 +135,10 @@ def test_a_measured_speed_below_one_slows_every_rank_s_work():
         (lambda: Sharing(2, 1.5, 0.0, "x"), "speed must be in"),
         (lambda: Sharing(2, 0.5, -1e-3, "x"), "wait must be >= 0"),
         (lambda: Sharing(0, 0.5, 0.0, "x"), "world must be a positive int"),
+        (lambda: Sharing(2, 0.5, 0.0, "x", noise=-0.1), "need noise >= 0"),
         (lambda: sharing_from(2, 0.0, 0.01, 0.001), "need a positive speed"),
+        (lambda: sharing_from(2, 0.5, 0.01, 0.001, noise=-0.1), "noise >= 0"),
+        (lambda: measure_sharing(CFG, 2, LINK, attempts=0), "attempts must be a positive int"),
         (lambda: hops("nccl", Layout()), "unknown kind of message"),
         (lambda: local_cluster(4, sharing=Sharing(2, 0.5, 0.0, "x"), **KNOWN), "measured with 2 ranks"),
         (lambda: step_time(CFG, Layout(dp=2), BATCH, machine(4, speed=0.5)), "has 2 ranks"),

@@ -15,7 +15,7 @@ check_pick(fn)
 from __future__ import annotations
 
 from ..parallel.cost_model import Link, cluster, collective_time
-from ..parallel.layout_cost import Batch, Layout
+from ..parallel.layout_memory import Batch, Layout
 from ..parallel.planner import MODELS, evaluate, plan
 from .core import CheckResult, Grader
 

@@ -19,7 +19,8 @@ sequence_layout how context parallelism cuts a sequence across ranks: contiguous
 context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
 experts         expert parallelism: E/N experts per rank, tokens dispatched and combined by two all-to-alls
 cost_model      what a collective costs on a link (alpha-beta, ring or tree), and cluster presets
-layout_cost     the memory and step time of one DP x TP x PP x CP x EP layout, on paper
+layout_memory   one DP x TP x PP x CP x EP layout: what each rank holds, and its memory, on paper
+layout_cost     the step time of a layout on paper: compute, collectives, bubble, what overlap hides
 planner         which parallelism when: every layout of a cluster, those that fit, ranked by the cost model
 published       published training runs (Megatron-LM, BLOOM, Llama 3) through the cost model
 local_cluster   this CPU as a Cluster: matmul FLOP/s, AdamW, overheads and gloo's alpha-beta measured
@@ -45,7 +46,7 @@ from .context_parallel import ring_attention
 from .cost_model import Cluster, Link, cluster
 from .experts import ExpertParallelMoE
 from .launch import WorkerError, launch
-from .layout_cost import Batch, Layout
+from .layout_memory import Batch, Layout
 from .local_cluster import local_cluster
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload

@@ -1,7 +1,7 @@
 """Train a ``Layout`` for real on CPU processes and measure it; set the planner's prediction beside it.
 
-What ``layout_cost`` predicts on paper, this module runs: a small GPT (``TransformerConfig``, fp32,
-AdamW) trained with our wrappers on ``launch``'s processes:
+What ``layout_memory`` and ``layout_cost`` predict on paper, this module runs: a small GPT
+(``TransformerConfig``, fp32, AdamW) trained with our wrappers on ``launch``'s processes:
 
     pure data parallelism     ``DDP`` (one bucket, ``no_sync`` while micro-batches accumulate)
     ZeRO stages 1-3           ``ZeRO`` over the dp ranks
@@ -29,7 +29,8 @@ import torch.distributed as dist
 from ..models.config import TransformerConfig
 from ..models.counting import flops_per_token
 from .launch import launch
-from .layout_cost import Batch, Layout, active_matmul_parameters
+from .layout_cost import active_matmul_parameters
+from .layout_memory import Batch, Layout
 from .local_cluster import (
     calibrate_efficiency,
     local_cluster,

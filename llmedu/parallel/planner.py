@@ -9,7 +9,7 @@ seed 003 asks for tools that choose the combination for us, because the space gr
    most the layers, cp the sequence in 2 cp zig-zag chunks, ep the experts), ZeRO stage 0-3, recomputation
    none/selective/full, micro-batch 1-8 dividing the batch, optimizer offload on or off;
 2. reject those whose busiest rank needs more than ``(1 - margin)`` of the accelerator's memory
-   (``layout_cost.memory_per_rank``; the margin stands for what the formulas leave out: the CUDA
+   (``layout_memory.memory_per_rank``; the margin stands for what the formulas leave out: the CUDA
    context, the allocator's fragmentation, communication buffers);
 3. rank the rest by predicted step time (``layout_cost.step_time``; a tie to 3 significant figures goes
    to the layout with fewer techniques switched on, then to the smaller footprint) and report model FLOPs
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from ..models.config import MoEConfig, TransformerConfig
 from ..models.counting import flops_per_token
 from .cost_model import Cluster
-from .layout_cost import RECOMPUTE, Batch, Layout, active_matmul_parameters, memory_per_rank, step_time
+from .layout_cost import active_matmul_parameters, step_time
+from .layout_memory import RECOMPUTE, Batch, Layout, memory_per_rank
 
 __all__ = ["MODELS", "Plan", "plan", "layouts", "evaluate", "NothingFits"]
 
@@ -206,8 +207,9 @@ def _sources(cluster: Cluster) -> dict[str, str]:
         "tp": "all-reduces of the busiest stage's TP group in every micro-batch, as our tensor_parallel sends them: "
         "4 a layer (Megatron-LM; 6 with full recomputation) and the vocabulary-parallel ends, the embedding's "
         "and the head's of b s h values and the loss's 3 of b s fp32 numbers (layout_cost.tp_collectives)",
-        "dp": "DDP: bucket all-reduces after the last micro-batch; ZeRO: ring reduce-scatters of each unit, once a "
-        "step (ZeRO-1) or in every micro-batch's backward (ZeRO-2/3, as DeepSpeed's stage 2), all-gathers after "
-        "the step (ZeRO-1/2) or twice a micro-batch (ZeRO-3); each hidden behind backward as far as it lasts "
-        "(layout_cost.dp_collectives)",
+        "dp": "DDP: bucket all-reduces in the last micro-batch's backward; ZeRO: ring reduce-scatters of each unit, in "
+        "the last micro-batch's backward (ZeRO-1) or in every micro-batch's (ZeRO-2/3, as DeepSpeed's stage 2), "
+        "hidden behind that backward as far as it lasts; ZeRO-3's gathers, twice a micro-batch, behind its forward "
+        "and (with the reduce-scatter) its backward; exposed: the all-gather of the updated weights after the step "
+        "(ZeRO-1/2) and the gradient norm (layout_cost.dp_collectives, dp_time)",
     }

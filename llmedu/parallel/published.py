@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from ..models.config import TransformerConfig
 from .cost_model import GB, Link, cluster
-from .layout_cost import Batch, Layout
+from .layout_memory import Batch, Layout
 from .planner import MODELS, Plan, evaluate, plan
 
 __all__ = ["Run", "RUNS", "Comparison", "compare"]

@@ -15,6 +15,12 @@ each **measured** with ``world`` processes of one thread each (``measure_sharing
   Ideal cores give min(1, cores / ranks); cores that share caches, a memory bus or a host with other
   tenants give less. This machine's two vCPUs gave two such steps at once about half their speed alone
   in one probe (a matmul alone scaled ~1.6x, layer norm + GELU ~1.1x), and more or less in others.
+  The probe is repeated (``repeats`` alone/together pairs); its reading is their median, its ``noise``
+  half their range. A reading above 1 within the noise is "no slowdown": speed 1, with the raw reading
+  and the noise kept (``Sharing.measured``, ``noise``, and said in ``source``). Beyond the noise it is not
+  a measurement of sharing (ranks do not speed each other up; the machine changed speed between the
+  alone and together halves of a pair), so the probe runs again with twice the repeats, up to
+  ``attempts`` times, then is refused, as ``local_cluster``'s gloo probe refuses a noisy fit.
 * ``wait``: what each hop of a blocking collective costs beyond the link's alpha-beta when the ranks
   compute between collectives, as in a training step (the link is fitted to all-reduces of 4 KiB to
   4 MiB with the ranks idle). Each rank alternates a 512 x 512 matmul and a 4 KiB all-reduce;
@@ -67,6 +73,8 @@ class Sharing:
     speed: float  # fraction of its alone speed a rank keeps when all compute at once, in (0, 1]
     wait: float  # seconds a blocking message costs beyond the link's alpha-beta, >= 0
     source: str
+    measured: float | None = None  # the probe's reading of speed before clipping at 1 (None: not probed)
+    noise: float = 0.0  # half the range of the probe's repeated readings of speed
 
     def __post_init__(self):
         if not isinstance(self.world, int) or self.world < 1:
@@ -75,6 +83,8 @@ class Sharing:
             raise ValueError(f"speed must be in (0, 1] (a fraction of the speed alone), got {self.speed!r}")
         if not self.wait >= 0:
             raise ValueError(f"wait must be >= 0 seconds, got {self.wait!r}")
+        if not self.noise >= 0 or (self.measured is not None and not self.measured > 0):
+            raise ValueError(f"need noise >= 0 and a positive measured speed, got {self.noise!r}, {self.measured!r}")
 
 
 def _model_step(cfg, micro_batch: int):
@@ -94,9 +104,9 @@ def _model_step(cfg, micro_batch: int):
     return step
 
 
-def _probe(cfg, micro_batch: int, steps: int, work_n: int, rounds: int, repeats: int) -> tuple[float, float, float]:
-    """In each rank: (the median over ``repeats`` of the ranks' mean speed together relative to rank 0 alone,
-    the slowest rank's median round of matmul work, and of the same work + a 4 KiB all-reduce). Alone and
+def _probe(cfg, micro_batch: int, steps: int, work_n: int, rounds: int, repeats: int) -> tuple[list, float, float]:
+    """In each rank: (the ``repeats`` readings of the ranks' mean speed together relative to rank 0 alone, the
+    slowest rank's median round of matmul work, and of the same work + a 4 KiB all-reduce). Alone and
     together alternate, so that the machine's drift in speed (other tenants, clocks) cancels in the ratio."""
     import torch.distributed as dist
 
@@ -137,7 +147,7 @@ def _probe(cfg, micro_batch: int, steps: int, work_n: int, rounds: int, repeats:
 
     both()
     pairs = [(per_round(lambda: a @ b), per_round(both)) for _ in range(repeats)]
-    return statistics.median(speeds), statistics.median(w for w, _ in pairs), statistics.median(p for _, p in pairs)
+    return speeds, statistics.median(w for w, _ in pairs), statistics.median(p for _, p in pairs)
 
 
 def measure_sharing(
@@ -150,34 +160,57 @@ def measure_sharing(
     work_n: int = 512,
     rounds: int = 40,
     repeats: int = 5,
+    attempts: int = 3,
 ) -> Sharing:
     """Measure ``speed`` and ``wait`` for ``world`` ranks of one thread (the module docstring says how).
 
     ``cfg`` is the model whose step (a micro-batch of ``micro_batch`` sequences) is timed; ``link`` the
     ``cost_model.Link`` measured for this world (its alpha-beta of a 4 KiB all-reduce is taken off the round).
+    A speed read above 1 beyond its noise is probed again with twice the repeats, ``attempts`` times in all,
+    then ``sharing_from``'s error is raised.
     """
     from .cost_model import all_reduce_time
     from .launch import launch
 
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"sharing needs at least 2 ranks to measure, got world={world!r}")
-    speed, work, paired = launch(_probe, world, cfg, micro_batch, steps, work_n, rounds, repeats, echo=False)[0]
-    return sharing_from(world, speed, paired - work, all_reduce_time(4096, world, link)[0])
+    if not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts must be a positive int, got {attempts!r}")
+    for attempt in range(attempts):
+        n = repeats * 2**attempt
+        speeds, work, paired = launch(_probe, world, cfg, micro_batch, steps, work_n, rounds, n, echo=False)[0]
+        speed, noise = statistics.median(speeds), (max(speeds) - min(speeds)) / 2
+        try:
+            return sharing_from(world, speed, paired - work, all_reduce_time(4096, world, link)[0], noise=noise)
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
 
 
-def sharing_from(world: int, speed: float, message: float, modelled: float) -> Sharing:
-    """The two terms from the probe: the ranks' mean ``speed`` together relative to alone, a 4 KiB all-reduce
-    round under load (``message``: work + all-reduce - work, s) and the link's model of it (s). The wait is
-    per hop: what the round exceeds the model by, over the all-reduce's 2 (world - 1) ring steps."""
-    if not speed > 0 or message < 0 or modelled < 0:
-        raise ValueError(f"need a positive speed and message times >= 0, got {speed}, {message}, {modelled}")
+def sharing_from(world: int, speed: float, message: float, modelled: float, *, noise: float = 0.0) -> Sharing:
+    """The two terms from the probe: the ranks' mean ``speed`` together relative to alone (the median of the
+    repeats; ``noise``: half their range), a 4 KiB all-reduce round under load (``message``: work + all-reduce -
+    work, s) and the link's model of it (s). The wait is per hop: what the round exceeds the model by, over the
+    all-reduce's 2 (world - 1) ring steps. A speed above 1 within the noise is read as 1 (the raw reading kept
+    in ``measured``); beyond it, RuntimeError: ranks that share a CPU do not speed each other up."""
+    if not speed > 0 or message < 0 or modelled < 0 or not noise >= 0:
+        raise ValueError(
+            f"need a positive speed, message times >= 0 and noise >= 0, got {speed}, {message}, {modelled}, {noise}"
+        )
+    if speed > 1 + noise:
+        raise RuntimeError(
+            f"the sharing probe read {speed:.0%} +- {noise:.0%} of the speed alone on {world} ranks: faster together "
+            "than alone beyond its noise, so the machine's speed changed during the probe; run it again on a quieter "
+            "machine (or with more repeats)"
+        )
     wait = max(0.0, message - modelled) / (2 * (world - 1))
+    read = f"{speed:.0%} +- {noise:.0%}" + (", above 100% within its noise: no slowdown" if speed > 1 else "")
     source = (
         f"measured on {world} one-thread processes: each keeps {min(speed, 1.0):.0%} of its speed alone in the "
-        f"model's step while all compute; a 4 KiB all-reduce between matmuls {message * 1e3:.2f} ms vs "
-        f"{modelled * 1e3:.2f} ms by the idle link's alpha-beta, over {2 * (world - 1)} hops"
+        f"model's step while all compute (read {read}); a 4 KiB all-reduce between matmuls {message * 1e3:.2f} ms "
+        f"vs {modelled * 1e3:.2f} ms by the idle link's alpha-beta, over {2 * (world - 1)} hops"
     )
-    return Sharing(world, min(1.0, speed), wait, source)
+    return Sharing(world, min(1.0, speed), wait, source, measured=speed, noise=noise)
 
 
 def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
@@ -190,7 +223,8 @@ def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
     cp   3 (cp - 1) ring sends a layer (K and V forward, twice that in backward); ep 4 all-to-alls a MoE layer
     pp   the receives a stage blocks on: 1 (an end stage of two) or 2 (an activation and a gradient)
     """
-    from .layout_cost import stage_layers, tp_collective_counts
+    from .layout_cost import tp_collective_counts
+    from .layout_memory import stage_layers
 
     layers = stage_layers(cfg, layout)
     tp = sum(tp_collective_counts(cfg, layout).values())

@@ -1,0 +1,224 @@
+"""One parallel layout on paper: what each rank holds, and how many bytes that is (the planner's memory model).
+
+A ``Layout`` splits ``world = dp * tp * pp * cp`` ranks (``ep`` experts groups inside dp) and picks a ZeRO
+stage, activation recomputation, a micro-batch size and optimizer offload. For a causal transformer
+(``TransformerConfig``) and a global ``Batch`` of ``B`` sequences of ``s`` tokens, the busiest rank holds
+
+**Memory** = model states + activations + logits + working memory, each from an earlier lesson:
+
+    states       (2 + 2 + 12) bytes per parameter held, sharded by ZeRO over dp*cp    (lesson 14; ZeRO §3.1)
+                 held: the layers of one stage, split by tp (experts also by ep), and the embedding
+    activations  per layer and micro-batch, 16-bit, Korthikanti et al. 2022 (Table 2):
+                   tp = 1          sbh (34 + 5as/h)
+                   tp, no SP       sbh (10 + 24/t + 5as/(ht))
+                   tp with SP      sbh/t (34 + 5as/h)
+                   full recompute  2sbh (only each layer's input is kept)
+                 the 5as/h term (the s x s scores) is gone with FlashAttention or selective recomputation;
+                 s is the local sequence s/cp; 1F1B stage i holds min(m, pp - i) micro-batches in flight
+                 (interleaved: pp (1 + (pp-1)/(pp v)), Korthikanti et al. 2022 §4.2.3)   (lessons 06, 08, 12)
+    logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage, and the
+                 final norm's input and output, 2 b (s/cp) h values (fp32 training: 4-byte values, 4 + 4 + 8
+                 bytes of states per parameter, no dropout masks unless the model has dropout)
+    working      backward's gradients of one layer's intermediates (one micro-batch) on a stage without
+                 the logits; ZeRO-3's gathered unit (weights and gradient of a layer); ZeRO-1's full
+                 gradient counts only where it outgrows the activations it replaces in backward
+
+What a rank holds (``parameters``, ``held_parameters``, ``stage_layers``) is also what its collectives move:
+``layout_cost``, the step time, prices the data-parallel sync on the same counts.
+
+Left out: memory fragmentation and the CUDA context (the planner keeps a margin instead), communication
+buffers, gated FFNs' extra activations beyond the width ratio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..models.config import TransformerConfig
+from .cost_model import PRECISIONS
+
+__all__ = [
+    "Layout",
+    "Batch",
+    "RECOMPUTE",
+    "parameters",
+    "held_parameters",
+    "stage_layers",
+    "in_flight",
+    "memory_per_rank",
+]
+
+RECOMPUTE = ("none", "selective", "full")
+BF16 = 2
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One way to run: degrees of parallelism and the memory-saving switches."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0  # ZeRO stage over the dp*cp ranks that hold the same weights
+    recompute: str = "none"  # none, selective (the attention scores), full (each layer's input only)
+    micro_batch: int = 1
+    offload: bool = False  # optimizer states and step on the host (ZeRO-Offload)
+    virtual: int = 1  # interleaved pipeline: model chunks per rank
+    sequence_parallel: bool = True  # with tp > 1, norms and dropout split along the sequence
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def __str__(self) -> str:
+        extra = [f"ZeRO-{self.zero}"] if self.zero else []
+        extra += [f"recompute {self.recompute}"] if self.recompute != "none" else []
+        extra += ["offload"] if self.offload else []
+        extra += [f"v={self.virtual}"] if self.virtual > 1 else []
+        dims = f"DP{self.dp} TP{self.tp} PP{self.pp} CP{self.cp}" + (f" EP{self.ep}" if self.ep > 1 else "")
+        return " ".join([dims, f"mb{self.micro_batch}", *extra])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """``sequences`` of ``seq_len`` tokens per optimizer step, over all ranks."""
+
+    sequences: int
+    seq_len: int
+
+    def __post_init__(self):
+        if self.sequences < 1 or self.seq_len < 1:
+            raise ValueError(f"batch needs positive sequences and seq_len, got {self.sequences}, {self.seq_len}")
+
+
+def parameters(cfg: TransformerConfig) -> dict[str, int]:
+    """Parameters of a causal LM by kind: per layer (dense part and experts), embeddings, output head.
+
+    Counted from the shapes, as ``llmedu.models`` builds them (the tests check it against the real model).
+    """
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    bias = int(cfg.bias)
+    gated = cfg.activation in ("swiglu", "geglu")
+    attention = d * (d + 2 * kv) + bias * (d + 2 * kv) + d * d + bias * d
+    ffn = (3 if gated else 2) * d * cfg.d_ff + bias * ((2 if gated else 1) * cfg.d_ff + d)
+    n_norms = 1 if cfg.block == "parallel" else 4 if cfg.norm_placement == "sandwich" else 2
+    norms = n_norms * d * (1 + bias)
+    experts = 0
+    if cfg.moe is not None:
+        experts, ffn = cfg.moe.n_experts * ffn, d * cfg.moe.n_experts  # the FFN becomes a router + experts
+    embedding = cfg.vocab_size * d + (cfg.max_seq_len * d if cfg.position == "learned" else 0)
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    final_norm = d * (1 + bias)
+    return {"layer": attention + ffn + norms, "experts": experts, "embedding": embedding, "head": head + final_norm}
+
+
+def stage_layers(cfg: TransformerConfig, layout: Layout) -> int:
+    """Layers of the busiest pipeline stage: ceil(L / pp) (Llama 3's 126 layers run on 16 stages)."""
+    if layout.pp > cfg.n_layers:
+        raise ValueError(f"pp={layout.pp} stages for {cfg.n_layers} layers: a stage would be empty")
+    return -(-cfg.n_layers // layout.pp)
+
+
+def held_parameters(cfg: TransformerConfig, layout: Layout, stage: int | None = None) -> float:
+    """Parameters held by one rank of pipeline ``stage`` (None: the busiest): its stage's ceil(L / pp) layers
+    (split by tp, experts by tp*ep), plus the embedding on the first stage and the head on the last."""
+    p = parameters(cfg)
+    layers = stage_layers(cfg, layout)
+    last = p["head"] + (cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0)  # a tied head is a copy there
+    if layout.pp == 1:
+        ends = p["embedding"] + p["head"]
+    elif stage is None:
+        ends = max(p["embedding"], last)
+    else:
+        ends = (p["embedding"] if stage == 0 else 0) + (last if stage == layout.pp - 1 else 0)
+    return layers * (p["layer"] / layout.tp + p["experts"] / (layout.tp * layout.ep)) + ends / layout.tp
+
+
+def _activations_per_layer(cfg: TransformerConfig, layout: Layout, seq_len: int, flash: bool, v: int = BF16) -> float:
+    """Bytes one layer keeps for backward, ``v`` bytes per value. In 16-bit we keep the paper's dropout
+    masks (its 34 = 8v + 2 + 16 at v = 2); in fp32 (our CPU runs) dropout counts only if the config has it."""
+    s, b, h, a, t = seq_len / layout.cp, layout.micro_batch, cfg.d_model, cfg.n_heads, layout.tp
+    d = 1 if v == BF16 or cfg.dropout > 0 else 0  # one byte per dropout mask value
+    if layout.recompute == "full":
+        return v * s * b * h / (t if layout.sequence_parallel else 1)
+    mlp_scale = cfg.d_ff / (4 * h) * (1.5 if cfg.activation in ("swiglu", "geglu") else 1.0)
+    linear = 8 * v + 2 * d + 8 * v * mlp_scale  # LNs, attention, MLP (its 8v intermediates scaled to this FFN)
+    scores = 0.0 if flash or layout.recompute == "selective" else (v + d * (1 + v)) * a * s / h
+    if t == 1 or layout.sequence_parallel:
+        return s * b * h / t * (linear + scores)
+    whole = 4 * v + 2 * d  # the LayerNorms' inputs and outputs and the dropout masks: not split by plain TP
+    return s * b * h * (whole + (linear - whole) / t + scores / t)
+
+
+def memory_per_rank(
+    cfg: TransformerConfig, layout: Layout, batch: Batch, *, flash: bool = True, precision: str = "bf16"
+) -> dict[str, float]:
+    """Bytes on the busiest rank, by category. With a pipeline every stage is costed (its parameters,
+    the micro-batches it holds in flight, the logits on the last) and the largest total is returned.
+    ``flash``: no s x s scores kept. ``precision``: "bf16" mixed precision (2 + 2 + 12 bytes per
+    parameter, 16-bit activations) or "fp32" (4 + 4 + 8: weights, gradients, Adam's two moments;
+    4-byte activations)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    stages = [_stage_memory(cfg, layout, batch, i, flash, precision) for i in range(layout.pp)]
+    return max(stages, key=lambda m: sum(m.values()))
+
+
+def in_flight(layout: Layout, micro_batches: int, stage: int) -> float:
+    """Micro-batches whose activations pipeline ``stage`` holds at its peak. 1F1B: stage i runs p - i
+    forwards before its first backward (at most the m there are); interleaved with v chunks, the first
+    stage holds p (1 + (p - 1) / (p v)) micro-batches' worth (Korthikanti et al. 2022 §4.2.3)."""
+    pp, v = layout.pp, layout.virtual
+    if pp == 1:
+        return 1.0
+    if v > 1:
+        return pp * (1 + (pp - 1) / (pp * v))
+    return float(min(micro_batches, pp - stage))
+
+
+def _stage_memory(
+    cfg: TransformerConfig, layout: Layout, batch: Batch, stage: int, flash: bool, precision: str
+) -> dict[str, float]:
+    w, g, o, v = (BF16, BF16, 12, BF16) if precision == "bf16" else (4, 4, 8, 4)
+    held = held_parameters(cfg, layout, stage)
+    shards = layout.dp * layout.cp
+    weights = w * held / (shards if layout.zero >= 3 else 1)
+    grads = g * held / (shards if layout.zero >= 2 else 1)
+    optimizer = 0.0 if layout.offload else o * held / (shards if layout.zero >= 1 else 1)
+    m = max(1, batch.sequences // (layout.dp * layout.micro_batch))
+    per_layer = _activations_per_layer(cfg, layout, batch.seq_len, flash, v)
+    activations = per_layer * stage_layers(cfg, layout) * in_flight(layout, m, stage)
+    if layout.recompute == "full":  # one layer's activations exist again while it is recomputed
+        activations += _activations_per_layer(cfg, replace(layout, recompute="none"), batch.seq_len, flash, v)
+    logits = 0.0
+    if stage == layout.pp - 1:
+        # the logits, and the fp32 copy (bf16) or the log-softmax (fp32) the loss keeps for backward; and
+        # the final norm's input and output (2 sbh values, split by tp only under SP), which feed the head
+        tokens = layout.micro_batch * batch.seq_len / layout.cp
+        final_norm = 2 * v * tokens * cfg.d_model / (layout.tp if layout.sequence_parallel else 1)
+        logits = tokens * cfg.vocab_size / layout.tp * (v + 4) + final_norm
+    if layout.zero == 1:
+        # ZeRO-1 reduce-scatters the full gradient into the shard and frees it at every step (ours and
+        # DeepSpeed's), so it is not alive at the end of forward, where activations peak; backward frees
+        # activations as it makes gradients, so the gradient counts only where it outgrows them
+        grads = max(0.0, grads - activations - logits)
+    # working memory, alive only for a moment: backward's gradients of one layer's intermediates for one
+    # micro-batch (the shapes of its activations), on stages without the head (on the last, the logits,
+    # freed as backward starts, stand for them: its peak is the end of forward); and ZeRO-3's gathered
+    # unit, weights and gradient (ZeRO-Infinity §3's "model state working memory"; its units here: a
+    # layer, or the embedding and head together)
+    working = per_layer if stage < layout.pp - 1 else 0.0
+    if layout.zero >= 3:
+        p = parameters(cfg)
+        unit = max(p["layer"] + p["experts"] / layout.ep, p["embedding"] + p["head"]) / layout.tp
+        working += (w + g) * unit
+    return {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer": optimizer,
+        "activations": activations,
+        "logits": logits,
+        "working": working,
+    }
