@@ -16,9 +16,12 @@ share the CPU (``llmedu.parallel.shared_cores``: the speed a rank keeps while al
 model's step, reported with the probe's raw reading and noise, and what a blocking message waits beyond
 alpha-beta), no overlap of communication with
 compute, and ONE calibration: the efficiency of the model's step
-relative to the matmul probe, from the one-process layout (so that layout's time error is ~0 by
-construction; every other layout tests what the model adds: division of the work, collectives,
-bubble, shared cores). The targets (issue 23): peak memory within 10%, step time within 25%.
+relative to the matmul probe, from the one-process layout (the first). Every other layout tests what the
+model adds: division of the work, collectives, bubble, shared cores. This host's speed drifts (the same
+one-process step took 77, 83 and 153 ms in three runs minutes apart), so the first layout is also run
+right before and after every launch, each layout is predicted with the efficiency of the reference timed
+beside it, and the whole sweep is measured ``--rounds`` times (medians kept). The targets (issue 23):
+peak memory within 10%, step time within 25%.
 The last line is the whole table as JSON.
 """
 
@@ -61,6 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="times every layout is measured (the median is kept)")
     args = parser.parse_args(argv)
     cfg, cores = small_gpt(args.d_model, args.layers, args.seq_len), os.cpu_count()
     # one thread per rank, for every world size: a 2-thread rank on a shared machine waits for its
@@ -79,9 +83,13 @@ def main(argv=None) -> int:
             f"a rank keeps {share.speed:.0%} of its speed when all {w} compute; a blocking message waits "
             f"{share.wait * 1e3:.2f} ms beyond alpha-beta ({share.source})"
         )
-    measured = measure_layouts(cfg, args.sequences, LAYOUTS, args.steps)
+    measured = measure_layouts(cfg, args.sequences, LAYOUTS, args.steps, reference=LAYOUTS[0], rounds=args.rounds)
     rows, efficiency = predict_layouts(cfg, args.sequences, LAYOUTS, measured, probes)
-    print(f"calibration: the one-process step's FLOPs run at {efficiency:.0%} of the matmul probe's FLOP/s")
+    spread = [r["efficiency"] for r in rows]
+    print(
+        f"calibration: the one-process step's FLOPs run at {efficiency:.0%} of the matmul probe's FLOP/s "
+        f"({min(spread):.0%}-{max(spread):.0%} in the reference runs timed beside each launch: the host's drift)"
+    )
     print(
         f"{'layout':<34} {'meas ms':>8} {'pred ms':>8} {'err':>6}  {'meas MiB':>8} {'pred MiB':>8} {'err':>6}  parts (ms)"
     )
@@ -103,6 +111,8 @@ def main(argv=None) -> int:
         "adam_params_per_s": probes["adam_rate"] / 32,
         "overhead_ms": [o * 1e3 for o in probes["overheads"]],
         "efficiency": efficiency,
+        "efficiency_range": [min(spread), max(spread)],
+        "rounds": args.rounds,
         "links": {
             w: {
                 "alpha_us": k.latency * 1e6,

@@ -8,7 +8,7 @@ import pytest
 from llmedu.parallel.cost_model import Link
 from llmedu.parallel.layout_cost import step_time
 from llmedu.parallel.layout_memory import Batch, Layout, memory_per_rank
-from llmedu.parallel.layout_run import measure_layouts, small_gpt
+from llmedu.parallel.layout_run import measure_layouts, predict_layouts, small_gpt
 from llmedu.parallel.local_cluster import calibrate_efficiency, fit_alpha_beta, local_cluster
 
 LINK = Link("test link", bandwidth=1e9, latency=1e-4, source="a test")
@@ -121,3 +121,28 @@ def test_a_noisy_link_probe_is_repeated_then_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="do not grow with the size"):
         measure_gloo_link(2, sizes, repeats=5, attempts=3)
     assert calls == [5, 10, 20]
+
+
+def test_each_layout_is_predicted_on_the_reference_timed_beside_it():
+    """The host slowed down 2x between two launches: the reference timed next to each layout says so, and the
+    prediction follows it (calibrated on the first row alone, the second would read 50% too fast)."""
+    cfg = small_gpt(64, 2, 32)
+    lay = Layout(micro_batch=4)
+    probes = {"cores": 2, "thread_flops": 1e10, "links": {}, "adam_rate": 1e9, "overheads": (0.0, 0.0)}
+    fast = {"median_s": 0.1, "min_s": 0.1, "peak_bytes": 1e6}
+    slow = {"median_s": 0.2, "min_s": 0.2, "peak_bytes": 1e6}
+    rows, efficiency = predict_layouts(
+        cfg, 4, [lay, lay], [{**fast, "reference_s": 0.1}, {**slow, "reference_s": 0.2}], probes
+    )
+    assert rows[1]["efficiency"] == pytest.approx(efficiency / 2, rel=0.05)
+    assert rows[1]["time_error"] == pytest.approx(0.0, abs=0.05)
+    rows, _ = predict_layouts(cfg, 4, [lay, lay], [fast, slow], probes)  # no reference: one calibration
+    assert rows[1]["time_error"] == pytest.approx(-0.5, abs=0.05)
+
+
+def test_measuring_refuses_a_multi_process_reference_and_no_rounds():
+    cfg = small_gpt(64, 2, 32)
+    with pytest.raises(ValueError, match="reference layout must be one process"):
+        measure_layouts(cfg, 4, [Layout(dp=2, micro_batch=2)], 1, reference=Layout(dp=2, micro_batch=2))
+    with pytest.raises(ValueError, match="rounds must be a positive int"):
+        measure_layouts(cfg, 4, [Layout(micro_batch=4)], 1, rounds=0)

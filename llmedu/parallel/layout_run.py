@@ -161,14 +161,51 @@ def _worker(cfg: TransformerConfig, sequences: int, layouts: list[Layout], steps
     return rows
 
 
-def measure_layouts(cfg: TransformerConfig, sequences: int, layouts, steps: int) -> list[dict]:
-    """Run every layout (one launch per world size); rows in the order of ``layouts``."""
-    out = {}
-    for world in sorted({lay.world for lay in layouts}):
-        mine = [lay for lay in layouts if lay.world == world]
-        rows = launch(_worker, world, cfg, sequences, mine, steps, echo=False, timeout=300)[0]
-        out.update(zip(mine, rows))
-    return [out[lay] for lay in layouts]
+def measure_layouts(
+    cfg: TransformerConfig, sequences: int, layouts, steps: int, reference: Layout | None = None, rounds: int = 1
+) -> list[dict]:
+    """Run every layout (one launch per world size, ``rounds`` times); rows in the order of ``layouts``.
+
+    A row holds the median over rounds of each round's median step time (``median_s``), the fastest step
+    (``min_s``) and the busiest rank's tracked peak (``peak_bytes``). With a one-process ``reference``
+    layout, that layout also runs right before the first launch and after every launch, and each row gets
+    ``reference_s``: over rounds, the median of the mean of the reference's times before and after its own
+    launch. A shared machine's speed drifts (this 2-core host ran the same one-process step in 77, 83 and
+    153 ms in three runs minutes apart, 26 Nov 2026): a prediction calibrated on the reference measured
+    next to a layout compares the two at the same moment (``predict_layouts``).
+    """
+    if reference is not None and reference.world != 1:
+        raise ValueError(f"the reference layout must be one process, got {reference}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    worlds = sorted({lay.world for lay in layouts})
+    runs: dict[Layout, list[dict]] = {lay: [] for lay in layouts}
+
+    def timed_reference() -> float:
+        return launch(_worker, 1, cfg, sequences, [reference], steps, echo=False, timeout=300)[0][0]["median_s"]
+
+    for _ in range(rounds):
+        before = timed_reference() if reference is not None else None
+        for world in worlds:
+            mine = [lay for lay in layouts if lay.world == world]
+            rows = launch(_worker, world, cfg, sequences, mine, steps, echo=False, timeout=300)[0]
+            after = timed_reference() if reference is not None else None
+            for lay, row in zip(mine, rows):
+                runs[lay].append({**row, "reference_s": None if before is None else (before + after) / 2})
+            before = after
+    out = []
+    for lay in layouts:
+        r = runs[lay]
+        row = {
+            "median_s": statistics.median(x["median_s"] for x in r),
+            "min_s": min(x["min_s"] for x in r),
+            "peak_bytes": max(x["peak_bytes"] for x in r),
+            "rounds": len(r),
+        }
+        if reference is not None:
+            row["reference_s"] = statistics.median(x["reference_s"] for x in r)
+        out.append(row)
+    return out
 
 
 def probe_machine(cfg, worlds, cores) -> dict:
@@ -186,7 +223,9 @@ def probe_machine(cfg, worlds, cores) -> dict:
 
 
 def predict_layouts(cfg, sequences, layouts, measured, probes) -> tuple[list[dict], float]:
-    """The planner's numbers on the local cluster, its efficiency calibrated on the first (one-process) layout."""
+    """The planner's numbers on the local cluster, its efficiency calibrated on the first (one-process) layout:
+    per row on the reference timed next to it (``reference_s``) where there is one, else on the first row.
+    Returns the rows and the first row's efficiency."""
     batch = Batch(sequences, cfg.max_seq_len)
     step_flops = flops_per_token(cfg, active_matmul_parameters(cfg), batch.seq_len) * sequences * batch.seq_len
 
@@ -210,13 +249,19 @@ def predict_layouts(cfg, sequences, layouts, measured, probes) -> tuple[list[dic
     one = machine(1)
     at_peak = evaluate(cfg, ref, one, batch, flash=True).time
     flop_seconds = step_flops / one.flops
-    efficiency = calibrate_efficiency(
-        step_flops, measured[0]["median_s"], one.flops, other_seconds=at_peak["total"] - flop_seconds
-    )
-    source = f"calibrated: the one-process {ref} step's FLOPs ran at {efficiency:.0%} of the matmul probe"
+
+    def calibrated(reference_seconds: float) -> float:
+        return calibrate_efficiency(
+            step_flops, reference_seconds, one.flops, other_seconds=at_peak["total"] - flop_seconds
+        )
+
+    efficiency = calibrated(measured[0]["median_s"])
     rows = []
     for lay, m in zip(layouts, measured):
-        plan = evaluate(cfg, lay, machine(lay.world, efficiency, source), batch, flash=True)  # sdpa: no s x s kept
+        # the reference measured next to this layout, where measure_layouts timed one (the host's drift cancels)
+        here = calibrated(m["reference_s"]) if m.get("reference_s") else efficiency
+        source = f"calibrated: the one-process {ref} step's FLOPs ran at {here:.0%} of the matmul probe"
+        plan = evaluate(cfg, lay, machine(lay.world, here, source), batch, flash=True)  # sdpa: no s x s kept
         t, mem = plan.time["total"], plan.memory_total
         rows.append(
             {
@@ -224,6 +269,8 @@ def predict_layouts(cfg, sequences, layouts, measured, probes) -> tuple[list[dic
                 "world": lay.world,
                 "measured_s": m["median_s"],
                 "min_s": m["min_s"],
+                "reference_s": m.get("reference_s"),
+                "efficiency": here,
                 "predicted_s": t,
                 "time_error": t / m["median_s"] - 1,
                 "measured_peak": m["peak_bytes"],
