@@ -1,6 +1,7 @@
 """The measurement helpers of lesson 20's table: bytes, the int8 embedding, pruned copies, the Pareto front."""
 
 import copy
+import statistics
 
 import pytest
 import torch
@@ -121,3 +122,97 @@ def test_a_cached_base_counts_only_while_its_checksum_holds(monkeypatch, tmp_pat
     assert finetuned.is_cached(recipe)
     path.write_bytes(path.read_bytes()[:-1])  # truncated
     assert not finetuned.is_cached(recipe)
+
+
+class FakeHost:
+    """A clock that only stub models move: each call costs its stub's work times the host's slowness then,
+    ``slowness(k)`` for the k-th call of the run (warm-ups included), as a machine whose speed drifts."""
+
+    def __init__(self, slowness):
+        self.now, self.slowness, self.calls = 0.0, slowness, []
+
+    def __call__(self):
+        return self.now
+
+
+class Stub(torch.nn.Module):
+    def __init__(self, name, work, host):
+        super().__init__()
+        self.name, self.work, self.host = name, work, host
+
+    def forward(self, input_ids, attention_mask):
+        self.host.now += self.work * self.host.slowness(len(self.host.calls))
+        self.host.calls.append((self.name, input_ids))
+
+
+BATCH = {"input_ids": IDS, "attention_mask": torch.ones_like(IDS)}
+
+
+def test_paired_latency_cancels_drift_between_pairs():
+    # the host runs 3x slower from its 9th call on; the model does exactly twice the reference's work
+    host = FakeHost(lambda k: 1.0 if k < 8 else 3.0)
+    model, reference = Stub("model", 2.0, host), Stub("reference", 1.0, host)
+    timing = compare.paired_latency(model, reference, BATCH, repeats=7, clock=host)
+    # paired, every ratio sees one speed; timed apart (all of one, then all of the other) the ratio would be
+    # 2 / 3 or 6, and the model's own median would not be the reference's median times 2
+    assert timing.ratios == [2.0] * 7 and timing.ratio == timing.ratio_lo == timing.ratio_hi == 2.0
+    names = [name for name, _ in host.calls]
+    assert names[:2] == ["reference", "model"]  # one warm-up each
+    assert names.count("model") == names.count("reference") == 8  # the same repeats for both
+    assert all(ids is IDS for _, ids in host.calls)  # the same batch for both
+    timed_model = [
+        2.0 * (1.0 if k < 8 else 3.0) for k, (name, _) in enumerate(host.calls) if k >= 2 and name == "model"
+    ]
+    assert timing.median_s == statistics.median(timed_model) and timing.min_s == min(timed_model)
+
+
+def test_paired_latency_alternates_the_order_so_drift_within_a_pair_shows_as_spread():
+    host = FakeHost(lambda k: 1.1**k)  # slower at every call: the second of a pair always pays 10% more
+    model, reference = Stub("model", 2.0, host), Stub("reference", 1.0, host)
+    timing = compare.paired_latency(model, reference, BATCH, repeats=6, clock=host)
+    pairs = [tuple(name for name, _ in host.calls[k : k + 2]) for k in range(2, 14, 2)]
+    assert pairs == [("reference", "model"), ("model", "reference")] * 3
+    # reference first: 2 x 1.1 = 2.2; model first: 2 / 1.1 = 1.82. The same order every time would give 2.2
+    # in every pair: a bias with no spread to warn of it
+    assert timing.ratio_lo == pytest.approx(2 / 1.1) and timing.ratio_hi == pytest.approx(2.2)
+    assert timing.ratio_lo < 2.0 < timing.ratio_hi
+
+
+def test_latency_is_the_models_own_times_after_one_warm_up():
+    host = FakeHost(lambda k: 1.0 + k)
+    median, fastest = compare.latency(Stub("model", 1.0, host), BATCH, repeats=3, clock=host)
+    assert (median, fastest) == (3.0, 2.0)  # calls 1, 2, 3 cost 2, 3, 4; call 0 is the warm-up
+
+
+def test_measure_with_a_reference_fills_the_pair_ratios(tiny_bert):
+    class Val:  # two batches of labelled snippets, as finetuned.Batches
+        texts = [None] * 6
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return {**BATCH, "labels": torch.zeros(3, dtype=torch.long)}
+
+    alone = compare.measure("fp32", "32 bit", tiny_bert, Val(), BATCH, repeats=3)
+    assert alone.ratio is None and alone.ratio_lo is None and alone.latency_s > 0
+    row = compare.measure("fp32 paired", "32 bit", tiny_bert, Val(), BATCH, repeats=3, reference=tiny_bert)
+    assert row.ratio_lo <= row.ratio <= row.ratio_hi and row.latency_min_s <= row.latency_s
+    assert (row.bytes, row.accuracy, row.note) == (alone.bytes, alone.accuracy, alone.note)
+
+
+def test_accuracy_standard_error_by_hand():
+    assert compare.accuracy_se(0.8, 1285) == pytest.approx(0.011158, abs=1e-6)  # sqrt(0.16 / 1285)
+    assert compare.accuracy_se(0.5, 100) == 0.05 and compare.accuracy_se(1.0, 10) == 0.0
+    for p, n in ((1.2, 10), (0.5, 0), (0.5, 2.5)):
+        with pytest.raises(ValueError, match="an accuracy in"):
+            compare.accuracy_se(p, n)
+
+
+def test_bad_repeats_and_a_reference_too_fast_to_time():
+    host = FakeHost(lambda k: 1.0)
+    for repeats in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="repeats must be a positive int"):
+            compare.paired_latency(Stub("m", 1.0, host), Stub("r", 1.0, host), BATCH, repeats=repeats, clock=host)
+    with pytest.raises(ValueError, match="too fast for this clock"):
+        compare.paired_latency(Stub("m", 1.0, host), Stub("r", 0.0, host), BATCH, repeats=2, clock=host)

@@ -1,14 +1,18 @@
 """LLM.int8(): the outlier part is the float matmul itself; the decomposition beats plain int8."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
+from llmedu.compress.int8 import int8_matmul, quantize
 from llmedu.compress.llm_int8 import (
     LLMInt8Linear,
     llm_int8_matmul,
     outlier_columns,
     outlier_features,
+    outlier_hits,
     vectorwise_int8_matmul,
 )
 
@@ -78,6 +82,25 @@ def test_module_matches_the_function_up_to_weight_rounding():
     assert (y - exact).abs().mean() < (plain.view(4, 16, 96) - exact).abs().mean() / 4
 
 
+def test_infinite_threshold_is_llm_int8_with_no_outlier_columns():
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 96)
+    x, _ = activations_with_outliers(cols=())  # Gaussian: no |x| reaches 6
+    assert not outlier_columns(x).any()
+    vectorwise = LLMInt8Linear(linear, threshold=math.inf)
+    y = vectorwise(x.view(4, 16, 128))
+    # bitwise what LLM.int8 computes when it finds no outlier column: the same codes, scales and bias
+    assert torch.equal(y, LLMInt8Linear(linear, threshold=6.0)(x.view(4, 16, 128)))
+    # with outliers it does not split them off: it equals LLM.int8 at a threshold no value reaches
+    x, _ = activations_with_outliers()
+    y = vectorwise(x)
+    assert vectorwise.last_outliers == 0 and torch.equal(y, LLMInt8Linear(linear, threshold=1e30)(x))
+    # and it is vector-wise: per-token, per-output-row int8 codes of the same weight (not the per-tensor layer)
+    qx, sx, _ = quantize(x, bits=8, symmetric=True, axis=0)  # (64, 128) int8, (64, 1): a scale per token
+    qw, sw = vectorwise.weight_q, vectorwise.weight_scale  # (96, 128) int8, (96, 1): a scale per output row
+    assert torch.equal(y, int8_matmul(qx, qw.t()).float() * (sx * sw.t()) + linear.bias)
+
+
 def test_outlier_features_finds_the_planted_columns():
     class Tiny(nn.Module):
         def __init__(self):
@@ -99,6 +122,55 @@ def test_outlier_features_finds_the_planted_columns():
     assert found["columns"] == [2] and found["token_fraction"] == pytest.approx(1 / 3) and found["absmax"] == 9.0
 
 
+class Planted(nn.Module):
+    """Five "layers", each a linear reading its own embedding of the ids: hidden state l is emb[l](ids)."""
+
+    def __init__(self, layers=5, d=8):
+        super().__init__()
+        self.emb = nn.ModuleList(nn.Embedding(10, d) for _ in range(layers))
+        self.proj = nn.ModuleList(nn.Linear(d, 2) for _ in range(layers))
+        for e in self.emb:
+            nn.init.zeros_(e.weight)
+
+    def plant(self, layers, token, feature, value):
+        with torch.no_grad():
+            for layer in layers:
+                self.emb[layer].weight[token, feature] = value
+
+    def forward(self, input_ids, attention_mask):
+        return sum(p(e(input_ids)) for e, p in zip(self.emb, self.proj))
+
+
+def test_outlier_hits_count_each_feature_in_each_hidden_state():
+    model = Planted()
+    every = range(5)
+    model.plant(every, token=3, feature=1, value=7.0)  # in every layer, 4 of 10 tokens: systematic
+    model.plant([0, 1], token=2, feature=4, value=-9.0)  # 2 of 5 layers, 2 tokens, negative: systematic
+    model.plant([4], token=3, feature=3, value=8.0)  # 8% of positions, but in 1 of 5 layers only
+    model.plant([2, 3], token=5, feature=5, value=20.0)  # 2 of 5 layers, but 1 token: 2% of positions
+    model.plant([0], token=5, feature=2, value=6.0)  # exactly the threshold, once: one token, one layer
+    model.plant(every, token=1, feature=6, value=5.99)  # everywhere, just below it
+    model.plant(every, token=9, feature=7, value=50.0)  # only at padded positions
+    ids = torch.tensor([[3, 1, 3, 2, 1, 9, 9], [3, 2, 5, 1, 3, 9, 9]])  # ids 3: 4 tokens, 1: 3, 2: 2, 5: 1
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 0]])
+    names = [f"proj.{i}" for i in range(5)]
+    stats = outlier_hits(model, [{"input_ids": ids, "attention_mask": mask}], names)
+    assert stats.tokens.tolist() == [10] * 5
+    assert stats.hits[:, 1].tolist() == [4] * 5 and stats.hits[:, 4].tolist() == [2, 2, 0, 0, 0]
+    assert stats.hits[:, 2].tolist() == [1, 0, 0, 0, 0] and stats.hits[:, [0, 6, 7]].sum() == 0
+    assert stats.layer_share().tolist() == pytest.approx([0, 1, 0.2, 0.2, 0.4, 0.4, 0, 0])
+    assert stats.token_share().tolist() == pytest.approx([0, 20 / 50, 1 / 50, 4 / 50, 4 / 50, 2 / 50, 0, 0])
+    assert stats.systematic().nonzero().flatten().tolist() == [1, 4]  # >= 25% of layers and >= 6% of positions
+    assert stats.systematic(min_layer_share=0.2).nonzero().flatten().tolist() == [1, 3, 4]
+    assert stats.absmax[:, 7].max() < 50 and stats.absmax[0, 4] == 9.0  # padding left out, |x| taken
+    # the paper's layers hold several tracked inputs: here layers 0 (states 0, 1), 1 (2, 3) and 2 (4). A feature
+    # counts for a layer when any of its states reaches 6; the positions are still those of all five states
+    grouped = outlier_hits(model, [{"input_ids": ids, "attention_mask": mask}], names, layers=[0, 0, 1, 1, 2])
+    assert grouped.layer_share().tolist() == pytest.approx([0, 1, 1 / 3, 1 / 3, 1 / 3, 1 / 3, 0, 0])
+    assert torch.equal(grouped.token_share(), stats.token_share())
+    assert grouped.systematic().nonzero().flatten().tolist() == [1, 3, 4]  # feature 3: 1 of 3 layers now
+
+
 def test_bad_input_gets_a_clear_error():
     x, w = activations_with_outliers()
     with pytest.raises(ValueError, match="threshold must be positive"):
@@ -109,3 +181,19 @@ def test_bad_input_gets_a_clear_error():
         LLMInt8Linear(nn.Identity())
     with pytest.raises(ValueError, match="expected inputs with 128 features"):
         LLMInt8Linear(nn.Linear(128, 4))(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="threshold must be positive"):
+        LLMInt8Linear(nn.Linear(4, 4), threshold=float("nan"))
+    model = Planted()
+    batch = [{"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.ones(1, 2, dtype=torch.long)}]
+    with pytest.raises(ValueError, match="one input width"):
+        outlier_hits(model, batch, ["proj.0", "emb.0"])
+    with pytest.raises(ValueError, match="needs the names"):
+        outlier_hits(model, batch, [])
+    with pytest.raises(ValueError, match="one layer per name"):
+        outlier_hits(model, batch, ["proj.0", "proj.1"], layers=[0])
+    with pytest.raises(ValueError, match="each name once"):
+        outlier_hits(model, batch, ["proj.0", "proj.0"])
+    with pytest.raises(ValueError, match="no real token"):
+        outlier_hits(model, [], ["proj.0"])
+    with pytest.raises(ValueError, match="a share must lie in"):
+        outlier_hits(model, batch, ["proj.0"]).systematic(min_token_share=0)

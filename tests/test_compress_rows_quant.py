@@ -91,6 +91,19 @@ def test_the_layernorms_feed_the_linears_named_for_them(tiny_bert):
     assert sum(len(linears) for _, linears in groups) == 8  # 4 of each block's 6 linears
 
 
+def test_outlier_tracked_inputs_are_the_attention_projections_and_the_ffn_expansion(tiny_bert):
+    names, layers = rows_quant.outlier_tracked_inputs(tiny_bert)
+    assert layers == [0, 0, 0, 1, 1, 1]
+    assert [n.split(".", 4)[-1] for n in names] == [
+        "attention.self.query",
+        "attention.output.dense",
+        "intermediate.dense",
+    ] * 2
+    assert all(tiny_bert.get_submodule(n).in_features == 32 for n in names)  # hidden width: not the FFN contraction
+    with pytest.raises(TypeError, match="with a .bert attribute"):
+        rows_quant.outlier_tracked_inputs(nn.Linear(2, 2))
+
+
 def test_smoothing_is_an_identity_before_quantization(tiny_bert):
     model = with_outliers(tiny_bert)
     smoothed = rows_quant.smooth_linears(model, batches(seed=1), alpha=0.5)
@@ -133,11 +146,32 @@ def test_llm_int8_model_is_close_to_fp32_and_its_bytes_are_counted(tiny_bert):
     # vector-wise int8 (a step per token and per output row) errs ~0.5% per product, compounded through two
     # blocks whose outputs are as large as their residual: measured 1.6%; ask for 3%. Without the
     # decomposition a token's step is set by its outlier (~40x): measured 3.2%, twice as far.
-    no_outliers = rows_quant.llm_int8_linears(model, threshold=1e9)
+    no_outliers = rows_quant.vectorwise_int8_linears(model)
     assert error < 0.03 and error < 0.75 * relative(hidden(no_outliers, held_out), exact)
     # by hand: int8 weights, one fp32 scale per output row, the fp32 bias; width 32, FFN 64, 2 blocks
     per_block = 4 * (32 * 32 + 4 * 32 + 4 * 32) + (64 * 32 + 4 * 64 + 4 * 64) + (32 * 64 + 4 * 32 + 4 * 32)
     assert sum(t.numel() * t.element_size() for m in layers for t in m.buffers()) == 2 * per_block
+
+
+def test_vectorwise_row_is_llm_int8_without_its_float_columns(tiny_bert):
+    held_out = batches(seed=2)
+    # no activation of the loud model reaches 6 (LayerNorm outputs, gain 1): LLM.int8 finds no outlier column,
+    # and the vector-wise row must be that model, bitwise
+    model = loud(tiny_bert)
+    inputs = rows_quant.linear_inputs(model, held_out, rows_quant.encoder_linears(model))
+    assert max(float(x.abs().max()) for x in inputs.values()) < 6
+    vectorwise = rows_quant.vectorwise_int8_linears(model)
+    layers = [m for m in vectorwise.modules() if isinstance(m, LLMInt8Linear)]
+    assert len(layers) == 12 and all(m.threshold == math.inf for m in layers)
+    llm_int8 = rows_quant.llm_int8_linears(model, threshold=6.0)
+    assert torch.equal(hidden(vectorwise, held_out), hidden(llm_int8, held_out))
+    assert all(m.last_outliers == 0 for m in llm_int8.modules() if isinstance(m, LLMInt8Linear))
+    assert file_bytes(vectorwise) == file_bytes(llm_int8)  # the same int8 weights and scales on disk
+    # with planted outliers the two part: LLM.int8's float columns are what the vector-wise row lacks
+    model = with_outliers(tiny_bert)
+    exact = hidden(model, held_out)
+    vectorwise, llm_int8 = rows_quant.vectorwise_int8_linears(model), rows_quant.llm_int8_linears(model, 6.0)
+    assert relative(hidden(llm_int8, held_out), exact) < 0.75 * relative(hidden(vectorwise, held_out), exact)
 
 
 def test_gptq_and_rtn_models_store_packed_4_bit_codes(tiny_bert):

@@ -7,7 +7,15 @@ Each row is a model made from the fine-tuned base (``finetuned.py``) and measure
   the bytes of ``torch.save`` are reported instead (the row says so).
 * **CPU latency per batch**: one fixed batch, a warm-up call, then the median (and minimum) of
   ``repeats`` timed forward passes under ``torch.no_grad``, at the thread count the caller set.
-* **accuracy** on the validation split.
+* **latency against a reference, paired** (``paired_latency``, what ``measure`` does when given
+  ``reference=``, the fp32 base): the model and the reference are called alternately on the same batch,
+  ``repeats`` pairs (the order flips from one pair to the next, so a host that slows down during a pair
+  does not always penalise the same side), and the ratio is taken *within* each pair. A shared machine's
+  speed drifts (this one by up to 2x in a day); rows timed alone at different moments carry that drift
+  into "x fp32", pairs carry only what changes within one pair. The row keeps the median of the pair
+  ratios and their smallest and largest, beside the model's own median and minimum time.
+* **accuracy** on the validation split, with its binomial standard error ``accuracy_se``
+  (sqrt(p(1 - p) / n) over n snippets: the sampling noise of one accuracy, not of a difference).
 
 The builders: ``to_bf16``, ``int8_embeddings`` (the word-embedding table as int8 rows with an fp32
 scale each: half of MiniLM's parameters are that table, and a model quantized only in its linear
@@ -16,13 +24,16 @@ torch's own int8 kernels), ``nf4_linears`` (the NF4 of ``qlora.py``, double-quan
 ``student`` (distilled or on labels alone), and ``finetune`` (the same few steps for every
 "+ fine-tuning" row, masks re-applied after each step).
 
-Left out: GPU latency, and sparse storage formats (a pruned matrix is stored dense: same bytes).
+Left out: GPU latency, sparse storage formats (a pruned matrix is stored dense: same bytes), and any
+statistics beyond the spread of the pair ratios (no confidence interval of the median ratio, no test of
+whether two rows differ in speed).
 """
 
 from __future__ import annotations
 
 import copy
 import io
+import math
 import statistics
 import time
 import warnings
@@ -40,6 +51,9 @@ __all__ = [
     "Row",
     "file_bytes",
     "latency",
+    "PairedTiming",
+    "paired_latency",
+    "accuracy_se",
     "measure",
     "to_bf16",
     "Int8Embedding",
@@ -64,6 +78,9 @@ class Row:
     latency_min_s: float
     accuracy: float
     note: str = ""
+    ratio: float | None = None  # median of the per-pair ratios to the reference's time (None: not paired)
+    ratio_lo: float | None = None  # the smallest pair ratio
+    ratio_hi: float | None = None  # the largest
 
 
 def file_bytes(model: nn.Module) -> tuple[int, str]:
@@ -78,23 +95,108 @@ def file_bytes(model: nn.Module) -> tuple[int, str]:
     return buffer.getbuffer().nbytes, "torch.save"
 
 
+def _check_repeats(repeats) -> None:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+
+
+def _timed_call(model: nn.Module, batch: dict, clock) -> float:
+    start = clock()
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    return clock() - start
+
+
 @torch.no_grad()
-def latency(model: nn.Module, batch: dict, repeats: int = 7) -> tuple[float, float]:
-    """(median, min) seconds of one forward pass over ``batch``, after one warm-up pass."""
+def latency(model: nn.Module, batch: dict, repeats: int = 7, clock=time.perf_counter) -> tuple[float, float]:
+    """(median, min) seconds of one forward pass over ``batch``, after one warm-up pass: absolute times,
+    which carry the host's speed at the moment they are taken. ``clock``: seconds now (tests inject one)."""
+    _check_repeats(repeats)
     model.eval()
     model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        times.append(time.perf_counter() - start)
+    times = [_timed_call(model, batch, clock) for _ in range(repeats)]
     return statistics.median(times), min(times)
 
 
-def measure(method: str, detail: str, model: nn.Module, data: Batches, batch: dict, repeats: int = 7) -> Row:
+@dataclass
+class PairedTiming:
+    median_s: float  # the model's own median and minimum time over the pairs
+    min_s: float
+    reference_median_s: float  # the reference's median over the same pairs
+    ratio: float  # median over pairs of (model's time / reference's time in the same pair)
+    ratio_lo: float  # smallest and largest pair ratio: their spread
+    ratio_hi: float
+    ratios: list[float]  # every pair's ratio, in the order timed
+
+
+@torch.no_grad()
+def paired_latency(
+    model: nn.Module, reference: nn.Module, batch: dict, repeats: int = 7, clock=time.perf_counter
+) -> PairedTiming:
+    """Time ``model`` against ``reference`` in ``repeats`` pairs of calls on the same ``batch``.
+
+    One warm-up call each (reference first), then pair i calls the reference and the model back to back,
+    the reference first in even pairs and second in odd ones; the pair's ratio is model time / reference
+    time. Drift of the host between pairs cancels in each ratio; drift within a pair does not, and the
+    alternating order makes it show as spread (``ratio_lo`` .. ``ratio_hi``) instead of a constant bias.
+    ``model`` may be ``reference`` itself: the spread of its ratios around 1 is the noise of the method.
+    """
+    _check_repeats(repeats)
+    model.eval()
+    reference.eval()
+    for m in (reference, model):  # warm-up: first-call allocations and caches, untimed
+        m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    own, ref = [], []
+    for i in range(repeats):
+        if i % 2 == 0:
+            r = _timed_call(reference, batch, clock)
+            t = _timed_call(model, batch, clock)
+        else:
+            t = _timed_call(model, batch, clock)
+            r = _timed_call(reference, batch, clock)
+        if r <= 0:
+            raise ValueError(f"the reference took {r} s in pair {i}: too fast for this clock to time a ratio")
+        own.append(t)
+        ref.append(r)
+    ratios = [t / r for t, r in zip(own, ref)]
+    return PairedTiming(
+        statistics.median(own),
+        min(own),
+        statistics.median(ref),
+        statistics.median(ratios),
+        min(ratios),
+        max(ratios),
+        ratios,
+    )
+
+
+def accuracy_se(p: float, n: int) -> float:
+    """The binomial standard error sqrt(p (1 - p) / n) of an accuracy p measured on n examples."""
+    if not 0 <= p <= 1 or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"an accuracy in [0, 1] over n >= 1 examples, got p={p!r}, n={n!r}")
+    return math.sqrt(p * (1 - p) / n)
+
+
+def measure(
+    method: str,
+    detail: str,
+    model: nn.Module,
+    data: Batches,
+    batch: dict,
+    repeats: int = 7,
+    reference: nn.Module | None = None,
+) -> Row:
+    """One row: bytes, latency and accuracy of ``model``. With ``reference`` (the fp32 base), latency is
+    ``paired_latency`` against it and the row holds the pair ratios; without, ``latency`` alone."""
     size, fmt = file_bytes(model)
-    median, fastest = latency(model, batch, repeats)
-    return Row(method, detail, size, median, fastest, accuracy(model, data), "" if fmt == "safetensors" else fmt)
+    if reference is None:
+        median, fastest = latency(model, batch, repeats)
+        paired = {}
+    else:
+        timing = paired_latency(model, reference, batch, repeats)
+        median, fastest = timing.median_s, timing.min_s
+        paired = dict(ratio=timing.ratio, ratio_lo=timing.ratio_lo, ratio_hi=timing.ratio_hi)
+    note = "" if fmt == "safetensors" else fmt
+    return Row(method, detail, size, median, fastest, accuracy(model, data), note, **paired)
 
 
 def to_bf16(model: nn.Module) -> nn.Module:

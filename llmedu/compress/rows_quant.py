@@ -7,7 +7,9 @@ write its state dict (real int8 or packed 4-bit codes, not fake-quantized fp32) 
 
 * ``llm_int8_linears``: every encoder linear as ``LLMInt8Linear`` (Dettmers et al. 2022, eq. 7): int8
   weights per output row; per call, the input columns with some |x| >= threshold in floating point, the
-  rest in vector-wise int8.
+  rest in vector-wise int8. ``vectorwise_int8_linears``: the same layers with no decomposition (threshold
+  infinite: every column in vector-wise int8, per-token activation scales, per-output-row weight scales),
+  so that LLM.int8's row minus this row is what its float columns buy.
 * ``smooth_linears`` / ``smoothquant_int8``: SmoothQuant's migration (Xiao et al. 2023, eq. 4) where a
   LayerNorm feeds linears, then W8A8 with ``int8.QuantLinear`` (per-channel int8 weights, per-tensor
   dynamic activations), the same layer as the plain W8A8 row, so the smoothing is the only difference.
@@ -37,6 +39,7 @@ of a GPTQ int4 kernel.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable
 
 import torch
@@ -52,8 +55,10 @@ __all__ = [
     "calibration_batches",
     "encoder_linears",
     "layernorm_fed_linears",
+    "outlier_tracked_inputs",
     "linear_inputs",
     "llm_int8_linears",
+    "vectorwise_int8_linears",
     "smooth_linears",
     "smoothquant_int8",
     "rtn_linears",
@@ -102,6 +107,18 @@ def layernorm_fed_linears(model: nn.Module) -> list[tuple[str, list[str]]]:
         groups.append((previous, [f"{block}.attention.self.{p}" for p in ("query", "key", "value")]))
         groups.append((f"{block}.attention.output.LayerNorm", [f"{block}.intermediate.dense"]))
     return groups
+
+
+def outlier_tracked_inputs(model: nn.Module) -> tuple[list[str], list[int]]:
+    """(names, layers): the linears whose inputs are the hidden states LLM.int8's outlier criterion tracks in
+    HF's ``BertLayer`` (Dettmers et al. 2022, Section 4.1: the attention projections and the FFN expansion,
+    not the FFN contraction), three a block: ``query`` (query, key and value read one tensor: counted once),
+    ``attention.output.dense`` and ``intermediate.dense``; ``layers`` gives each one's block."""
+    if not hasattr(model, "bert"):
+        raise TypeError(f"expected a transformers BERT model with a .bert attribute, got {type(model).__name__}")
+    kinds = ("attention.self.query", "attention.output.dense", "intermediate.dense")
+    blocks = range(len(model.bert.encoder.layer))
+    return [f"bert.encoder.layer.{i}.{k}" for i in blocks for k in kinds], [i for i in blocks for _ in kinds]
 
 
 class _Stop(Exception):
@@ -153,6 +170,12 @@ def llm_int8_linears(model: nn.Module, threshold: float = 6.0) -> nn.Module:
     for name, linear in encoder_linears(model).items():
         replace_module(model, name, LLMInt8Linear(linear, threshold))
     return model.eval()
+
+
+def vectorwise_int8_linears(model: nn.Module) -> nn.Module:
+    """A copy with every encoder linear an ``LLMInt8Linear`` without outlier columns (threshold infinite):
+    vector-wise int8, the int8 half of LLM.int8 alone."""
+    return llm_int8_linears(model, threshold=math.inf)
 
 
 def smooth_linears(model: nn.Module, calibration_batches: Iterable[dict], alpha: float = 0.5) -> nn.Module:
