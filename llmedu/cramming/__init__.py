@@ -13,10 +13,12 @@ calibration the rows a reader needs: majority class, TF-IDF + logistic regressio
 dedup       duplicate documents and repeated lines dropped from the pretraining text
 target      time_to_target: when a run's held-out loss first reached a target
 study       run_study: every model on every task, one JSON for the lesson
+scaling     run_scaling: MLM loss against tokens and against seconds, sizes x shapes under one budget
 
 python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
 python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
 python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json
+python -m llmedu.cramming scaling --budget 3m --out runs/scaling.json
 python -m llmedu.cramming bench
 """
 
@@ -26,6 +28,7 @@ from .evaluate import TASKS, label_efficiency, make_splits, protocol, task_avera
 from .finetune import AUTHORS, FIXED, FinetuneSettings, finetune
 from .pretrain import PretrainRun, load_pretrained, load_run, pretrain
 from .recipe import ABLATIONS, Recipe, crammed, original_bert, parse_budget
+from .scaling import GRIDS, load_scaling, run_scaling
 from .study import StudyConfig, run_study
 from .target import time_to_target
 
@@ -34,6 +37,7 @@ __all__ = [
     "AUTHORS",
     "FIXED",
     "FinetuneSettings",
+    "GRIDS",
     "PretrainRun",
     "Recipe",
     "StudyConfig",
@@ -44,11 +48,13 @@ __all__ = [
     "label_efficiency",
     "load_pretrained",
     "load_run",
+    "load_scaling",
     "make_splits",
     "original_bert",
     "parse_budget",
     "pretrain",
     "protocol",
+    "run_scaling",
     "run_study",
     "task_average",
     "time_to_target",

@@ -1,4 +1,4 @@
-"""``python -m llmedu.cramming {pretrain,finetune,evaluate,bench}``: the capstone from the command line.
+"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,bench}``: the capstone from the command line.
 
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
@@ -6,6 +6,8 @@
     python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes --from-scratch  # the control
     python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json  # issue #26's protocol
     python -m llmedu.cramming evaluate --runs crammed=runs/c original=runs/o --pretrain 1h --out runs/eval.json
+    python -m llmedu.cramming scaling --budget 3m --out data/results/cramming_scaling_cpu.json  # sizes x shapes
+    python -m llmedu.cramming scaling --shape tiny --budget 5s --out /tmp/scaling.json     # a smoke run
     python -m llmedu.cramming bench
 
 Progress goes to stderr; the last line of stdout is one line of JSON with the command's key figures.
@@ -27,6 +29,7 @@ from .evaluate import TASKS
 from .finetune import FIXED, SETTINGS, finetune
 from .pretrain import CORPORA, PretrainRun, pretrain
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
+from .scaling import BASES, GRIDS, check_grid, parse_entry, run_scaling
 from .study import StudyConfig, pretrain_for_study, run_study
 
 
@@ -167,6 +170,38 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations while pretraining")
     e.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
+    s = commands.add_parser(
+        "scaling",
+        help="MLM loss against tokens and seconds for several sizes and shapes, one budget each (scaling.py)",
+    )
+    s.add_argument("--out", required=True, help="the results JSON (rewritten after every run)")
+    s.add_argument(
+        "--budget", type=_budget, default=parse_budget("3m"), help="wall-clock budget of each run (default 3m)"
+    )
+    s.add_argument(
+        "--shape",
+        choices=sorted(GRIDS),
+        default="cpu",
+        help="cpu: three sizes around the CPU shape (d 128, 4 layers, vocab 4096), each deep and wide; "
+        "tiny: two sizes around the tiny shape (smoke tests)",
+    )
+    s.add_argument(
+        "--grid",
+        nargs="+",
+        default=None,
+        help="entries to run (default: the whole grid of --shape): names such as medium-deep, or "
+        "SIZE-SHAPE=D_MODEL,N_LAYERS,N_HEADS for your own",
+    )
+    s.add_argument("--evals", type=int, default=12, help="held-out evaluations of the slowest run (default 12)")
+    s.add_argument("--eval-every", type=int, default=None, help="evaluate every run every this many steps instead")
+    s.add_argument("--eval-batches", type=int, default=20, help="batches per held-out evaluation (default 20)")
+    s.add_argument("--max-steps", type=int, default=None, help="also stop each run after this many optimizer steps")
+    s.add_argument("--max-chars", type=int, default=None, help="use at most this many characters of each corpus")
+    s.add_argument("--tokenizer-chars", type=int, default=400_000)
+    s.add_argument("--runs", default=None, help="keep the run folders here (default: a temporary folder)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
     )
@@ -231,6 +266,46 @@ def _evaluate(args, device) -> dict:
     return {"out": args.out, "average": {k: round(v["mean"], 4) for k, v in results["average"].items()}}
 
 
+def _scaling(args, device, parser, argv) -> dict:
+    """Check every input before the first run: a bad entry or number is a usage error, not a crash later."""
+    try:
+        grid = [parse_entry(text, args.shape) for text in args.grid] if args.grid else list(GRIDS[args.shape])
+        for name, value in (("--evals", args.evals), ("--eval-batches", args.eval_batches)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, value in (("--eval-every", args.eval_every), ("--max-steps", args.max_steps)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        check_grid(grid, BASES[args.shape])
+    except ValueError as error:
+        parser.error(f"scaling: {error}")
+    words = sys.argv[1:] if argv is None else argv
+    results = run_scaling(
+        grid,
+        args.budget,
+        args.out,
+        base=BASES[args.shape],
+        max_steps=args.max_steps,
+        max_chars=args.max_chars,
+        seed=args.seed,
+        evals=args.evals,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches,
+        tokenizer_chars=args.tokenizer_chars,
+        runs_dir=args.runs,
+        device=device,
+        command="python -m llmedu.cramming " + " ".join(words),
+        stream=sys.stderr,
+    )
+    return {
+        "out": args.out,
+        "unigram_cross_entropy": results["unigram_cross_entropy"],
+        "runs": {
+            name: {k: r[k] for k in ("tokens_per_s", "tokens_seen", "val_loss")} for name, r in results["runs"].items()
+        },
+    }
+
+
 def _shape(name: str, device) -> dict:
     return {"tiny": TINY_SHAPE, "cpu": {}, "cuda": CUDA_SHAPE}[
         name if name != "auto" else "cuda" if device.type == "cuda" else "cpu"
@@ -285,6 +360,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
     elif args.command == "evaluate":
         result = _evaluate(args, device)
+    elif args.command == "scaling":
+        result = _scaling(args, device, parser, argv)
     else:
         result = _bench(args)
     print(json.dumps(result), flush=True)
