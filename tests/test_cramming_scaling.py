@@ -13,12 +13,14 @@ from llmedu.cramming.scaling import (
     PARAM_TOLERANCE,
     GridEntry,
     check_grid,
-    common_tokens,
-    load_scaling,
-    loss_at_tokens,
     parameter_counts,
     parse_entry,
     plan_evaluations,
+)
+from llmedu.cramming.scaling_report import (
+    common_tokens,
+    load_scaling,
+    loss_at_tokens,
     plot_scaling,
     scaling_table,
     scaling_verdict,

@@ -28,7 +28,8 @@ from .evaluate import TASKS, label_efficiency, make_splits, protocol, task_avera
 from .finetune import AUTHORS, FIXED, FinetuneSettings, finetune
 from .pretrain import PretrainRun, load_pretrained, load_run, pretrain
 from .recipe import ABLATIONS, Recipe, crammed, original_bert, parse_budget
-from .scaling import GRIDS, load_scaling, run_scaling
+from .scaling import GRIDS, run_scaling
+from .scaling_report import load_scaling
 from .study import StudyConfig, run_study
 from .target import time_to_target
 
