@@ -124,25 +124,26 @@ class LLMInt8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected inputs with {self.in_features} features, got shape {tuple(x.shape)}")
         x2 = x.reshape(-1, self.in_features)  # (N, d_in)
-        if self.threshold == math.inf:  # vector-wise int8 alone: what the branch below does with no outliers
+        if self.threshold == math.inf:  # vector-wise int8 alone: no outlier search, no split
             self.last_outliers = 0
-            qx, sx, _ = quantize(x2, bits=8, symmetric=True, axis=0)  # (N, d_in) int8, (N, 1) per token
-            y = int8_matmul(qx, self.weight_q.t()).float() * (sx * self.weight_scale.t())  # (N, d_out)
-            if self.bias is not None:
-                y = y + self.bias
-            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        cols = outlier_columns(x2, self.threshold)  # (d_in,)
-        self.last_outliers = int(cols.sum())
-        w_cols = dequantize(self.weight_q[:, cols], self.weight_scale, torch.zeros(1))  # (d_out, |O|)
-        y = x2[:, cols].float() @ w_cols.t()  # (N, d_out) the outlier part
-        rest = x2[:, ~cols]  # (N, d_in - |O|)
-        if rest.shape[1]:
-            qx, sx, _ = quantize(rest, bits=8, symmetric=True, axis=0)  # per token
-            # the weight was quantized once with scales over all its columns; reuse its codes
-            y = y + int8_matmul(qx, self.weight_q[:, ~cols].t()).float() * (sx * self.weight_scale.t())
+            y = self._vectorwise(x2, self.weight_q)  # (N, d_out)
+        else:
+            cols = outlier_columns(x2, self.threshold)  # (d_in,)
+            self.last_outliers = int(cols.sum())
+            w_cols = dequantize(self.weight_q[:, cols], self.weight_scale, torch.zeros(1))  # (d_out, |O|)
+            y = x2[:, cols].float() @ w_cols.t()  # (N, d_out) the outlier part
+            rest = x2[:, ~cols]  # (N, d_in - |O|)
+            if rest.shape[1]:
+                # the weight was quantized once with scales over all its columns; reuse its codes
+                y = y + self._vectorwise(rest, self.weight_q[:, ~cols])
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _vectorwise(self, x: torch.Tensor, weight_q: torch.Tensor) -> torch.Tensor:
+        """(N, k) float, (d_out, k) int8 codes -> (N, d_out): per-token int8 activations times the stored rows."""
+        qx, sx, _ = quantize(x, bits=8, symmetric=True, axis=0)  # (N, k) int8, (N, 1) per token
+        return int8_matmul(qx, weight_q.t()).float() * (sx * self.weight_scale.t())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, threshold={self.threshold}"

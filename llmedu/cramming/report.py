@@ -39,18 +39,27 @@ _KEYS = ("config", "pretraining", "tasks", "average")
 CALIBRATION = ("majority class", "TF-IDF + logistic regression")
 
 
-def load_study(path) -> dict:
-    """The results of ``run_study`` read from ``path``; a clear error for a file that is not one."""
+def read_results(path, keys, absent: str, kind: str) -> dict:
+    """The JSON object at ``path``, which must hold ``keys``: a clear error for a missing file (``absent``
+    says what is missing and how to make it), a file that is not JSON, or one that is not ``kind``."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no study results here (python -m llmedu.cramming evaluate --out ...)")
+        raise FileNotFoundError(f"{path}: {absent}")
     try:
         results = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not JSON: {error}") from None
-    missing = [k for k in _KEYS if not isinstance(results, dict) or k not in results]
+    missing = [k for k in keys if not isinstance(results, dict) or k not in results]
     if missing:
-        raise ValueError(f"{path} is not a study's output: it lacks {', '.join(missing)}")
+        raise ValueError(f"{path} is not {kind}: it lacks {', '.join(missing)}")
+    return results
+
+
+def load_study(path) -> dict:
+    """The results of ``run_study`` read from ``path``; a clear error for a file that is not one."""
+    results = read_results(
+        path, _KEYS, "no study results here (python -m llmedu.cramming evaluate --out ...)", "a study's output"
+    )
     if not results["tasks"]:
         raise ValueError(f"{path} holds no finished task")
     return results

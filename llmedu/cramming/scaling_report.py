@@ -10,10 +10,11 @@ Left out: fits of power laws (three sizes cannot support one).
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+
+from .report import read_results
 
 __all__ = [
     "budget_words",
@@ -45,18 +46,8 @@ _POINT_KEYS = ("step", "tokens", "elapsed", "val_loss")
 
 def load_scaling(path) -> dict:
     """The results of ``run_scaling`` read from ``path``; a clear error for a file that is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: no scaling results here (python -m llmedu.cramming scaling --budget 3m --out {path})"
-        )
-    try:
-        results = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not JSON: {error}") from None
-    missing = [k for k in _KEYS if not isinstance(results, dict) or k not in results]
-    if missing:
-        raise ValueError(f"{path} is not the output of a scaling study: it lacks {', '.join(missing)}")
+    absent = f"no scaling results here (python -m llmedu.cramming scaling --budget 3m --out {path})"
+    results = read_results(path, _KEYS, absent, "the output of a scaling study")
     if not isinstance(results["runs"], dict) or not results["runs"]:
         raise ValueError(f"{path} holds no finished run")
     for name, run in results["runs"].items():

@@ -60,6 +60,7 @@ __all__ = [
     "measure_adam_rate",
     "measure_overheads",
     "measure_gloo_link",
+    "repeat_noisy_probe",
     "fit_alpha_beta",
     "calibrate_efficiency",
     "local_cluster",
@@ -160,6 +161,21 @@ def fit_alpha_beta(sizes, seconds, world: int) -> tuple[float, float]:
     return max(float(alpha), 0.0), 1.0 / float(inv_beta)
 
 
+def repeat_noisy_probe(measure, read, repeats: int, attempts: int):
+    """``read(measure(n))`` with n = ``repeats``, then twice that, ``attempts`` times in all, until ``read``
+    accepts the measurement: ``read`` raises RuntimeError for a reading too noisy to use (a busy machine),
+    and the last attempt's error is raised. Errors of ``measure`` itself (a rank that crashed) are not retried."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts must be a positive int, got {attempts!r}")
+    for attempt in range(attempts):
+        raw = measure(repeats * 2**attempt)
+        try:
+            return read(raw)
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+
+
 def measure_gloo_link(
     world: int = 2, sizes: tuple[int, ...] = PROBE_SIZES, repeats: int = 5, attempts: int = 3
 ) -> Link:
@@ -172,14 +188,12 @@ def measure_gloo_link(
 
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"a link needs at least 2 ranks to measure, got world={world!r}")
-    for attempt in range(attempts):
-        seconds = launch(_time_all_reduce, world, tuple(sizes), repeats * 2**attempt, echo=False)[0]
-        try:
-            alpha, beta = fit_alpha_beta(sizes, seconds, world)
-            break
-        except RuntimeError:
-            if attempt == attempts - 1:
-                raise
+    alpha, beta = repeat_noisy_probe(
+        lambda n: launch(_time_all_reduce, world, tuple(sizes), n, echo=False)[0],
+        lambda seconds: fit_alpha_beta(sizes, seconds, world),
+        repeats,
+        attempts,
+    )
     return Link(
         f"gloo loopback, {world} ranks",
         beta,

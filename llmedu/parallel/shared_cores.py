@@ -171,20 +171,23 @@ def measure_sharing(
     """
     from .cost_model import all_reduce_time
     from .launch import launch
+    from .local_cluster import repeat_noisy_probe
 
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"sharing needs at least 2 ranks to measure, got world={world!r}")
-    if not isinstance(attempts, int) or attempts < 1:
-        raise ValueError(f"attempts must be a positive int, got {attempts!r}")
-    for attempt in range(attempts):
-        n = repeats * 2**attempt
-        speeds, work, paired = launch(_probe, world, cfg, micro_batch, steps, work_n, rounds, n, echo=False)[0]
-        speed, noise = statistics.median(speeds), (max(speeds) - min(speeds)) / 2
-        try:
-            return sharing_from(world, speed, paired - work, all_reduce_time(4096, world, link)[0], noise=noise)
-        except RuntimeError:
-            if attempt == attempts - 1:
-                raise
+    modelled = all_reduce_time(4096, world, link)[0]
+
+    def read(probed) -> Sharing:
+        speeds, work, paired = probed
+        noise = (max(speeds) - min(speeds)) / 2
+        return sharing_from(world, statistics.median(speeds), paired - work, modelled, noise=noise)
+
+    return repeat_noisy_probe(
+        lambda n: launch(_probe, world, cfg, micro_batch, steps, work_n, rounds, n, echo=False)[0],
+        read,
+        repeats,
+        attempts,
+    )
 
 
 def sharing_from(world: int, speed: float, message: float, modelled: float, *, noise: float = 0.0) -> Sharing:
