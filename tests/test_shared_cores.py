@@ -51,6 +51,26 @@ def test_a_speed_above_one_is_no_slowdown_within_its_noise_and_refused_beyond_it
         sharing_from(2, 1.2, 0.0005, 0.001, noise=0.05)
 
 
+def test_a_speed_above_the_cores_share_is_the_share_within_its_noise_and_refused_beyond_it():
+    """4 one-thread ranks on 2 cores get at most half their speed alone: the old probe's 57% reading is the
+    share (50%) within a noise of 10%, refused with one of 3%; with 8 cores the share is 1 and 57% stands."""
+    s = sharing_from(4, 0.57, 0.0005, 0.001, noise=0.10, cores=2)
+    assert (s.speed, s.measured, s.noise) == (0.5, 0.57, 0.10)
+    assert "keeps 50%" in s.source and "above the ideal share of 2 cores (50%) within its noise" in s.source
+    with pytest.raises(RuntimeError, match=r"read 57% \+- 3% .* faster than the ideal share of 2 cores \(50%\)"):
+        sharing_from(4, 0.57, 0.0005, 0.001, noise=0.03, cores=2)
+    assert sharing_from(4, 0.57, 0.0005, 0.001, noise=0.03, cores=8).speed == 0.57
+    assert sharing_from(2, 0.97, 0.0005, 0.001, cores=2).speed == 0.97  # 2 ranks on 2 cores: the share is 1
+    with pytest.raises(ValueError, match="cores must be a positive int"):
+        sharing_from(4, 0.4, 0.0005, 0.001, cores=0)
+
+
+def test_the_real_probe_on_two_ranks_reads_a_speed_within_the_cores_share():
+    """The probe on 2 real processes of one thread with the cores' bound: it runs, and its speed is a share."""
+    s = measure_sharing(CFG, 2, LINK, repeats=3, steps=2, rounds=5, cores=2)
+    assert 0 < s.speed <= 1 and s.measured > 0 and "2 one-thread processes" in s.source
+
+
 def test_a_noisy_sharing_probe_is_repeated_then_refused(monkeypatch):
     """An injected probe: readings above 1 beyond their spread get a second probe with twice the repeats; a
     reading within its noise is kept (clipped to 1, the raw median and half-range recorded); three noisy

@@ -22,6 +22,15 @@ H100: 900 GB/s); a ring sends and receives at once, so the figure that bounds it
 450 GB/s. InfiniBand is quoted per direction per port (HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s),
 one port per GPU in a DGX node. A group that spans nodes runs at the speed of its slowest link.
 
+**Across nodes**, each preset's ``inter`` link is one GPU's share of its node's network: a DGX has one
+InfiniBand port per GPU; a node with a single 100 Gb/s Ethernet NIC (``ETHERNET``) gives each of its 8
+GPUs an eighth, 1.56 GB/s. A ring collective of a group with g members on every node runs as g rings at
+once, each crossing the nodes through a different GPU's share, the group's traffic split among them
+over NVLink (NCCL builds one ring per NIC and balances the traffic over them through NVLink; NVIDIA/nccl
+issue 601), so the group crosses at g times the share (``Cluster.link``): data parallelism over all 16
+GPUs of two DGX nodes at 8 x 25 GB/s, while 8 groups of one GPU per node (TP8 inside each node) get 25
+GB/s each. Sends and all-to-alls get the share: each rank sends its own bytes.
+
 Left out: contention between groups that share a link (TP and DP traffic at once), in-network
 reduction (SHARP), NCCL's protocol choices (LL/LL128/Simple) and its pipelining of a ring's chunks,
 topology beyond "inside a node or not".
@@ -141,14 +150,29 @@ class Cluster:
         """Seconds each blocking message costs beyond its alpha-beta: 0 unless measured (``sharing``)."""
         return self.sharing.wait if self.sharing is not None else 0.0
 
-    def link(self, group_size: int, stride: int = 1) -> Link:
+    def link(self, group_size: int, stride: int = 1, *, rings: bool = True) -> Link:
         """The slowest link a group of ``group_size`` ranks, ``stride`` apart in rank order, crosses.
 
         Ranks fill nodes in order, so a group stays inside one node only if its span divides the node
-        (TP6 on 8-GPU nodes has groups that straddle two).
+        (TP6 on 8-GPU nodes has groups that straddle two). Across nodes, ``inter`` is one GPU's share of its
+        node's network; a ring collective (``rings``) of a group with g members on every node runs g rings at
+        once, one through each member's share, so it crosses at g times the share (at most the intra-node
+        link's speed): the module docstring's "Across nodes". Sends and all-to-alls (``rings=False``): each
+        rank sends its own bytes through its own share.
         """
         span = group_size * stride
-        return self.intra if span <= self.gpus_per_node and self.gpus_per_node % span == 0 else self.inter
+        if span <= self.gpus_per_node and self.gpus_per_node % span == 0:
+            return self.intra
+        per_node = self.gpus_per_node // stride if self.gpus_per_node % stride == 0 else 1
+        if not rings or per_node <= 1 or group_size % per_node:  # unaligned groups: the share alone, conservative
+            return self.inter
+        return Link(
+            f"{self.inter.name} x {per_node} rings",
+            min(self.intra.bandwidth, per_node * self.inter.bandwidth),
+            self.inter.latency,
+            f"{self.inter.source}; {per_node} GPUs of the group on each node: {per_node} rings at once, one through "
+            "each GPU's share (NCCL builds a ring per NIC and splits the traffic over them through NVLink)",
+        )
 
 
 def _spec(name: str) -> Accelerator:
@@ -159,7 +183,9 @@ NVLINK3 = Link("NVLink 3 (A100)", 300 * GB, 5 * US, "A100 datasheet: 600 GB/s bo
 NVLINK4 = Link("NVLink 4 (H100)", 450 * GB, 5 * US, "H100 datasheet: 900 GB/s both directions; half per direction")
 HDR = Link("InfiniBand HDR", 25 * GB, 10 * US, "200 Gb/s per port, one port per GPU (DGX A100 user guide)")
 NDR = Link("InfiniBand NDR", 50 * GB, 10 * US, "400 Gb/s per port, one port per GPU (DGX H100 user guide)")
-ETHERNET = Link("100 Gb Ethernet", 12.5 * GB, 30 * US, "100 Gb/s per node, shared by its GPUs: a slow cluster")
+ETHERNET = Link(
+    "100 Gb Ethernet / 8", 12.5 * GB / 8, 30 * US, "one 100 Gb/s NIC per 8-GPU node: an eighth per GPU, a slow cluster"
+)
 PCIE4 = Link("PCIe 4.0 x16", 25 * GB, 5 * US, "PCIe 4.0 x16: 32 GB/s raw, ~25 GB/s achieved per direction")
 PCIE5 = Link("PCIe 5.0 x16", 50 * GB, 5 * US, "PCIe 5.0 x16: 64 GB/s raw, ~50 GB/s achieved per direction")
 _LATENCY_NOTE = "latencies are assumed orders of magnitude of NCCL's small-message times, not measurements"

@@ -220,18 +220,18 @@ def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clu
     tp = sum(
         n * all_reduce_time(size, layout.tp, tp_link)[0] for n, size in tp_collectives(cfg, layout, batch, v).values()
     )
-    cp_link = cluster.link(layout.cp, stride=layout.tp)
+    cp_link = cluster.link(layout.cp, stride=layout.tp, rings=False)
     kv_bytes = 2 * v * b * s * cfg.n_kv_heads * cfg.head_dim / layout.tp
     ring = 3 * (layout.cp - 1) * collective_time("send", kv_bytes, 2, cp_link) if layout.cp > 1 else 0.0
     cp = max(0.0, layers * ring - hide * attention_share * compute)
     ep = 0.0
     if cfg.moe is not None and layout.ep > 1:
-        ep_link = cluster.link(layout.ep, stride=layout.tp * layout.cp)
+        ep_link = cluster.link(layout.ep, stride=layout.tp * layout.cp, rings=False)
         ep = (
             layers * 4 * collective_time("all_to_all", activation_bytes * cfg.moe.top_k / layout.tp, layout.ep, ep_link)
         )
     stride = layout.tp * layout.cp * (layout.dp if cluster.gpus_per_node > layout.tp * layout.cp else 1)
-    pp_link = cluster.intra if layout.pp == 1 else cluster.link(layout.pp, stride=stride)
+    pp_link = cluster.intra if layout.pp == 1 else cluster.link(layout.pp, stride=stride, rings=False)
     p2p = 2 * collective_time("send", activation_bytes / layout.tp, 2, pp_link) if layout.pp > 1 else 0.0
     slot = compute + tp + cp + ep + p2p
     pipeline = (m + (layout.pp - 1) / layout.virtual) * slot

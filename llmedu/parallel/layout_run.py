@@ -218,7 +218,7 @@ def probe_machine(cfg, worlds, cores) -> dict:
         "adam_rate": measure_adam_rate(),
         "overheads": measure_overheads(cfg),
         "links": links,
-        "sharing": {w: measure_sharing(cfg, w, link) for w, link in links.items()},
+        "sharing": {w: measure_sharing(cfg, w, link, cores=cores) for w, link in links.items()},
     }
 
 

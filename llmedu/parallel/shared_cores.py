@@ -8,19 +8,23 @@ collectives (ZeRO's per-layer gathers, TP's all-reduces) missed by a few ms per 
 each **measured** with ``world`` processes of one thread each (``measure_sharing``):
 
 * ``speed``: the fraction of its speed alone that one rank keeps while all ``world`` ranks compute.
-  Timed on the model's own work (one micro-batch's forward and backward and AdamW's step), rank 0 alone
-  (the others asleep in a collective) and then all at once, alternating, so that the machine's drift
-  cancels in the ratio; the mean over the ranks of (time alone / time together), i.e. the machine's
-  throughput shared equally (the ranks of a step meet at every collective, so none runs far ahead).
-  Ideal cores give min(1, cores / ranks); cores that share caches, a memory bus or a host with other
-  tenants give less. This machine's two vCPUs gave two such steps at once about half their speed alone
-  in one probe (a matmul alone scaled ~1.6x, layer norm + GELU ~1.1x), and more or less in others.
-  The probe is repeated (``repeats`` alone/together pairs); its reading is their median, its ``noise``
-  half their range. A reading above 1 within the noise is "no slowdown": speed 1, with the raw reading
-  and the noise kept (``Sharing.measured``, ``noise``, and said in ``source``). Beyond the noise it is not
-  a measurement of sharing (ranks do not speed each other up; the machine changed speed between the
-  alone and together halves of a pair), so the probe runs again with twice the repeats, up to
-  ``attempts`` times, then is refused, as ``local_cluster``'s gloo probe refuses a noisy fit.
+  Timed on the model's own work (one micro-batch's forward and backward and AdamW's step): rank 0 runs
+  ``steps`` of them alone (the others asleep in a collective), then every rank runs ``steps`` at once,
+  alternating, so that the machine's drift cancels in the ratio; speed = time alone / the time until the
+  *last* rank is done. The last, because the ranks of a training step meet at every collective, so a
+  step goes at its slowest rank; and because per-rank times read too fast: a rank that finishes early
+  leaves its core to the others (the first version of this probe took each rank's own median and read
+  57% for 4 ranks on 2 cores, more than the cores can give). Ideal cores give at most the ideal share
+  min(1, cores / ranks); cores that share caches, a memory bus or a host with other tenants give less.
+  This machine's two vCPUs gave two such steps at once about half their speed alone in one probe (a
+  matmul alone scaled ~1.6x, layer norm + GELU ~1.1x), and more or less in others. The probe is repeated
+  (``repeats`` alone/together pairs); its reading is their median, its ``noise`` half their range. A
+  reading above the ideal share within the noise is read as the share (no slowdown beyond the cores'
+  count), the raw reading and the noise kept (``Sharing.measured``, ``noise``, and said in ``source``).
+  Beyond the noise it is not a measurement of sharing (ranks cannot get more than the cores; the machine
+  changed speed between the alone and together halves of a pair), so the probe runs again with twice the
+  repeats, up to ``attempts`` times, then is refused, as ``local_cluster``'s gloo probe refuses a noisy
+  fit. Without ``cores`` the share is 1 (nothing is known of the cores).
 * ``wait``: what each hop of a blocking collective costs beyond the link's alpha-beta when the ranks
   compute between collectives, as in a training step (the link is fitted to all-reduces of 4 KiB to
   4 MiB with the ranks idle). Each rank alternates a 512 x 512 matmul and a 4 KiB all-reduce;
@@ -105,9 +109,10 @@ def _model_step(cfg, micro_batch: int):
 
 
 def _probe(cfg, micro_batch: int, steps: int, work_n: int, rounds: int, repeats: int) -> tuple[list, float, float]:
-    """In each rank: (the ``repeats`` readings of the ranks' mean speed together relative to rank 0 alone, the
-    slowest rank's median round of matmul work, and of the same work + a 4 KiB all-reduce). Alone and
-    together alternate, so that the machine's drift in speed (other tenants, clocks) cancels in the ratio."""
+    """In each rank: (the ``repeats`` readings of speed: ``steps`` steps of rank 0 alone over ``steps`` steps of
+    every rank at once, until the last is done; the slowest rank's median round of matmul work, and of the same
+    work + a 4 KiB all-reduce). Alone and together alternate, so that the machine's drift in speed (other
+    tenants, clocks) cancels in the ratio."""
     import torch.distributed as dist
 
     def total(value: float, op=dist.ReduceOp.SUM) -> float:
@@ -115,23 +120,22 @@ def _probe(cfg, micro_batch: int, steps: int, work_n: int, rounds: int, repeats:
         dist.all_reduce(t, op=op)
         return t.item()
 
-    def median_of(call, n: int) -> float:
-        times = []
-        for _ in range(n):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     step = _model_step(cfg, micro_batch)
     step()  # warm-up: the optimizer's state, allocations
+
+    def run_steps() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return time.perf_counter() - start
+
     speeds = []
     for _ in range(repeats):
         dist.barrier()
-        alone = total(median_of(step, steps) if rank == 0 else 0.0)  # the others wait in the collective
+        alone = total(run_steps() if rank == 0 else 0.0)  # the others wait in the collective
         dist.barrier()
-        speeds.append(total(alone / median_of(step, steps)) / world)
+        speeds.append(alone / total(run_steps(), dist.ReduceOp.MAX))  # until the last rank is done
     a, b, x = torch.randn(work_n, work_n), torch.randn(work_n, work_n), torch.ones(1024)  # x: 4 KiB
 
     def both():
@@ -161,13 +165,15 @@ def measure_sharing(
     rounds: int = 40,
     repeats: int = 5,
     attempts: int = 3,
+    cores: int | None = None,
 ) -> Sharing:
     """Measure ``speed`` and ``wait`` for ``world`` ranks of one thread (the module docstring says how).
 
     ``cfg`` is the model whose step (a micro-batch of ``micro_batch`` sequences) is timed; ``link`` the
-    ``cost_model.Link`` measured for this world (its alpha-beta of a 4 KiB all-reduce is taken off the round).
-    A speed read above 1 beyond its noise is probed again with twice the repeats, ``attempts`` times in all,
-    then ``sharing_from``'s error is raised.
+    ``cost_model.Link`` measured for this world (its alpha-beta of a 4 KiB all-reduce is taken off the round);
+    ``cores`` the machine's cores, which bound the speed (``sharing_from``). A speed read above that bound
+    beyond its noise is probed again with twice the repeats, ``attempts`` times in all, then
+    ``sharing_from``'s error is raised.
     """
     from .cost_model import all_reduce_time
     from .launch import launch
@@ -180,7 +186,7 @@ def measure_sharing(
     def read(probed) -> Sharing:
         speeds, work, paired = probed
         noise = (max(speeds) - min(speeds)) / 2
-        return sharing_from(world, statistics.median(speeds), paired - work, modelled, noise=noise)
+        return sharing_from(world, statistics.median(speeds), paired - work, modelled, noise=noise, cores=cores)
 
     return repeat_noisy_probe(
         lambda n: launch(_probe, world, cfg, micro_batch, steps, work_n, rounds, n, echo=False)[0],
@@ -190,30 +196,43 @@ def measure_sharing(
     )
 
 
-def sharing_from(world: int, speed: float, message: float, modelled: float, *, noise: float = 0.0) -> Sharing:
-    """The two terms from the probe: the ranks' mean ``speed`` together relative to alone (the median of the
-    repeats; ``noise``: half their range), a 4 KiB all-reduce round under load (``message``: work + all-reduce -
-    work, s) and the link's model of it (s). The wait is per hop: what the round exceeds the model by, over the
-    all-reduce's 2 (world - 1) ring steps. A speed above 1 within the noise is read as 1 (the raw reading kept
-    in ``measured``); beyond it, RuntimeError: ranks that share a CPU do not speed each other up."""
+def sharing_from(
+    world: int, speed: float, message: float, modelled: float, *, noise: float = 0.0, cores: int | None = None
+) -> Sharing:
+    """The two terms from the probe: ``speed``, the time of rank 0's steps alone over the same steps on all
+    ranks at once (the median of the repeats; ``noise``: half their range), a 4 KiB all-reduce round under load
+    (``message``: work + all-reduce - work, s) and the link's model of it (s). The wait is per hop: what the
+    round exceeds the model by, over the all-reduce's 2 (world - 1) ring steps.
+
+    ``world`` one-thread ranks on ``cores`` cores can keep at most the ideal share, min(1, cores / world) of
+    their speed alone (1 when ``cores`` is not given). A reading above the share within the noise is read as
+    the share (the raw reading kept in ``measured``); beyond it, RuntimeError: the machine's speed changed
+    during the probe, since ranks cannot get more than the cores."""
     if not speed > 0 or message < 0 or modelled < 0 or not noise >= 0:
         raise ValueError(
             f"need a positive speed, message times >= 0 and noise >= 0, got {speed}, {message}, {modelled}, {noise}"
         )
-    if speed > 1 + noise:
+    if cores is not None and (not isinstance(cores, int) or cores < 1):
+        raise ValueError(f"cores must be a positive int, got {cores!r}")
+    share = 1.0 if cores is None else min(1.0, cores / world)
+    bound = "100%" if share == 1 else f"the ideal share of {cores} cores ({share:.0%})"
+    if speed > share + noise:
+        faster = "together than alone" if share == 1 else f"than {bound}"
         raise RuntimeError(
-            f"the sharing probe read {speed:.0%} +- {noise:.0%} of the speed alone on {world} ranks: faster together "
-            "than alone beyond its noise, so the machine's speed changed during the probe; run it again on a quieter "
-            "machine (or with more repeats)"
+            f"the sharing probe read {speed:.0%} +- {noise:.0%} of the speed alone on {world} ranks: faster "
+            f"{faster} beyond its noise, so the machine's speed changed during the probe; run it again on a "
+            "quieter machine (or with more repeats)"
         )
     wait = max(0.0, message - modelled) / (2 * (world - 1))
-    read = f"{speed:.0%} +- {noise:.0%}" + (", above 100% within its noise: no slowdown" if speed > 1 else "")
+    read = f"{speed:.0%} +- {noise:.0%}"
+    if speed > share:
+        read += f", above {bound} within its noise: read as {share:.0%}"
     source = (
-        f"measured on {world} one-thread processes: each keeps {min(speed, 1.0):.0%} of its speed alone in the "
+        f"measured on {world} one-thread processes: each keeps {min(speed, share):.0%} of its speed alone in the "
         f"model's step while all compute (read {read}); a 4 KiB all-reduce between matmuls {message * 1e3:.2f} ms "
         f"vs {modelled * 1e3:.2f} ms by the idle link's alpha-beta, over {2 * (world - 1)} hops"
     )
-    return Sharing(world, min(1.0, speed), wait, source, measured=speed, noise=noise)
+    return Sharing(world, min(share, speed), wait, source, measured=speed, noise=noise)
 
 
 def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
