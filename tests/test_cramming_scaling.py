@@ -5,9 +5,11 @@ import json
 import matplotlib
 import pytest
 
+from llmedu.cramming import budget_runs, scaling, scaling_grid
 from llmedu.cramming.__main__ import main
+from llmedu.cramming.budget_runs import StudyBudget, plan_evaluations
 from llmedu.cramming.recipe import crammed
-from llmedu.cramming.scaling import (
+from llmedu.cramming.scaling_grid import (
     BASES,
     GRIDS,
     PARAM_TOLERANCE,
@@ -15,7 +17,6 @@ from llmedu.cramming.scaling import (
     check_grid,
     parameter_counts,
     parse_entry,
-    plan_evaluations,
 )
 from llmedu.cramming.scaling_report import (
     common_tokens,
@@ -99,6 +100,27 @@ def test_evaluations_are_placed_so_every_curve_reaches_below_the_common_token_co
     assert plan == {"slow": 10, "twice": 10, "fast": 25}  # fast: 1200 * max(1/10, 1/4) / 12, capped at 4x the evals
     with pytest.raises(ValueError, match="evals must be >= 1"):
         plan_evaluations({"a": 1.0}, {"a": 10}, 0)
+
+
+def test_the_names_lesson_22_imports_from_scaling_are_still_there():
+    for name in ("GRIDS", "check_grid", "parameter_counts", "GridEntry", "parse_entry", "BASES", "PARAM_TOLERANCE"):
+        assert getattr(scaling, name) is getattr(scaling_grid, name)
+    for name in ("plan_evaluations", "probe_tokens_per_s", "StudyBudget"):
+        assert getattr(scaling, name) is getattr(budget_runs, name)
+    assert callable(scaling.run_scaling)
+
+
+def test_a_study_budget_refuses_what_no_run_could_use():
+    for kwargs, says in (
+        (dict(budget_seconds=None), "give a budget in seconds, max_steps, or both"),
+        (dict(budget_seconds=-1.0), "the budget must be a positive number of seconds, got -1.0"),
+        (dict(budget_seconds=None, max_steps=0), "max_steps must be an int >= 1, got 0"),
+        (dict(budget_seconds=5.0, eval_every=0), "eval_every must be an int >= 1, got 0"),
+        (dict(budget_seconds=5.0, evals=0), "evals must be an int >= 1, got 0"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            StudyBudget(**kwargs)
+    assert StudyBudget(5.0, corpora=["kjv"]).corpora == ("kjv",)
 
 
 @pytest.mark.parametrize("shape", sorted(GRIDS))

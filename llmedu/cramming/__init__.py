@@ -14,11 +14,15 @@ dedup       duplicate documents and repeated lines dropped from the pretraining 
 target      time_to_target: when a run's held-out loss first reached a target
 study       run_study: every model on every task, one JSON for the lesson
 scaling     run_scaling: MLM loss against tokens and against seconds, sizes x shapes under one budget
+            (the grid in scaling_grid, the machinery it shares in budget_runs, the reading in scaling_report)
+vocab_study run_vocab_study: vocabulary sizes under one budget, compared per character and by linear
+            probes (the reading in vocab_report)
 
 python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
 python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
 python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json
 python -m llmedu.cramming scaling --budget 3m --out runs/scaling.json
+python -m llmedu.cramming vocab --budget 3m --out runs/vocab.json
 python -m llmedu.cramming bench
 """
 
@@ -32,6 +36,8 @@ from .scaling import GRIDS, run_scaling
 from .scaling_report import load_scaling
 from .study import StudyConfig, run_study
 from .target import time_to_target
+from .vocab_report import load_vocab_study
+from .vocab_study import VOCAB_SIZES, run_vocab_study
 
 __all__ = [
     "ABLATIONS",
@@ -60,4 +66,7 @@ __all__ = [
     "task_average",
     "time_to_target",
     "unigram_cross_entropy",
+    "VOCAB_SIZES",
+    "load_vocab_study",
+    "run_vocab_study",
 ]

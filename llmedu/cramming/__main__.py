@@ -1,4 +1,4 @@
-"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,bench}``: the capstone from the command line.
+"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,vocab,bench}``: the capstone from the command line.
 
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
@@ -8,6 +8,7 @@
     python -m llmedu.cramming evaluate --runs crammed=runs/c original=runs/o --pretrain 1h --out runs/eval.json
     python -m llmedu.cramming scaling --budget 3m --out data/results/cramming_scaling_cpu.json  # sizes x shapes
     python -m llmedu.cramming scaling --shape tiny --budget 5s --out /tmp/scaling.json     # a smoke run
+    python -m llmedu.cramming vocab --budget 3m --out data/results/cramming_vocab_cpu.json  # vocabulary sizes
     python -m llmedu.cramming bench
 
 Progress goes to stderr; the last line of stdout is one line of JSON with the command's key figures.
@@ -25,12 +26,14 @@ from pathlib import Path
 from .. import runtime
 from ..data import available_corpora
 from ..data.classification import available_classification
+from .budget_runs import StudyBudget
 from .evaluate import TASKS
 from .finetune import FIXED, SETTINGS, finetune
 from .pretrain import CORPORA, PretrainRun, pretrain
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
 from .scaling import BASES, GRIDS, check_grid, parse_entry, run_scaling
 from .study import StudyConfig, pretrain_for_study, run_study
+from .vocab_study import VOCAB_SIZES, check_vocab_sizes, run_vocab_study
 
 
 def _budget(text: str) -> float:
@@ -202,6 +205,43 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
+    v = commands.add_parser(
+        "vocab",
+        help="pretraining at several vocabulary sizes, one budget each: compression, nats per character, "
+        "linear probes (vocab_study.py)",
+    )
+    v.add_argument("--out", required=True, help="the results JSON (rewritten after every run)")
+    v.add_argument(
+        "--budget", type=_budget, default=parse_budget("3m"), help="wall-clock budget of each run (default 3m)"
+    )
+    v.add_argument(
+        "--vocab",
+        nargs="+",
+        type=int,
+        default=list(VOCAB_SIZES),
+        help=f"vocabulary sizes, each with its own WordPiece tokenizer (default {' '.join(map(str, VOCAB_SIZES))})",
+    )
+    v.add_argument(
+        "--shape",
+        choices=sorted(BASES),
+        default="cpu",
+        help="cpu: d 128, 4 layers (crammed()); tiny: d 64, 2 layers, 16-row micro-batches (smoke tests)",
+    )
+    v.add_argument("--max-chars", type=int, default=None, help="use at most this many characters of each corpus")
+    v.add_argument(
+        "--tokenizer-chars", type=int, default=400_000, help="characters of each corpus every tokenizer learns from"
+    )
+    v.add_argument("--max-steps", type=int, default=None, help="also stop each run after this many optimizer steps")
+    v.add_argument("--evals", type=int, default=12, help="held-out evaluations of the slowest run (default 12)")
+    v.add_argument("--eval-every", type=int, default=None, help="evaluate every run every this many steps instead")
+    v.add_argument("--eval-batches", type=int, default=20, help="batches per held-out evaluation (default 20)")
+    v.add_argument("--no-probe", action="store_true", help="skip the linear probes (about 50 s a run at the CPU shape)")
+    v.add_argument("--probe-max-train", type=int, default=None, help="cap each probe task's train split (quick runs)")
+    v.add_argument("--probe-max-eval", type=int, default=None, help="cap each probe task's dev split (quick runs)")
+    v.add_argument("--runs", default=None, help="keep the run folders here (default: a temporary folder)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
     )
@@ -306,6 +346,42 @@ def _scaling(args, device, parser, argv) -> dict:
     }
 
 
+def _vocab(args, device, parser, argv) -> dict:
+    """Check every input before the first run (the vocabulary sizes against the tokenizer's sample too)."""
+    try:
+        StudyBudget(args.budget, args.max_steps, CORPORA, args.max_chars, args.seed, args.evals, args.eval_every)
+        for name in ("eval_batches", "tokenizer_chars", "max_chars", "probe_max_train", "probe_max_eval"):
+            value = getattr(args, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        check_vocab_sizes(args.vocab, CORPORA, args.tokenizer_chars)  # reads the tokenizer's sample: seconds
+    except ValueError as error:
+        parser.error(f"vocab: {error}")
+    words = sys.argv[1:] if argv is None else argv
+    results = run_vocab_study(
+        args.vocab,
+        args.budget,
+        args.out,
+        base=BASES[args.shape],
+        max_steps=args.max_steps,
+        max_chars=args.max_chars,
+        seed=args.seed,
+        evals=args.evals,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches,
+        tokenizer_chars=args.tokenizer_chars,
+        probe=not args.no_probe,
+        probe_max_train=args.probe_max_train,
+        probe_max_eval=args.probe_max_eval,
+        runs_dir=args.runs,
+        device=device,
+        command="python -m llmedu.cramming " + " ".join(words),
+        stream=sys.stderr,
+    )
+    keys = ("tokens_per_char", "chars_per_s", "val_loss", "nats_per_char", "probe")
+    return {"out": args.out, "runs": {name: {k: r[k] for k in keys} for name, r in results["runs"].items()}}
+
+
 def _shape(name: str, device) -> dict:
     return {"tiny": TINY_SHAPE, "cpu": {}, "cuda": CUDA_SHAPE}[
         name if name != "auto" else "cuda" if device.type == "cuda" else "cpu"
@@ -362,6 +438,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = _evaluate(args, device)
     elif args.command == "scaling":
         result = _scaling(args, device, parser, argv)
+    elif args.command == "vocab":
+        result = _vocab(args, device, parser, argv)
     else:
         result = _bench(args)
     print(json.dumps(result), flush=True)

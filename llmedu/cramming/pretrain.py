@@ -57,11 +57,18 @@ __all__ = [
     "pretrain",
     "evaluate_mlm",
     "passes_over_data",
+    "held_out_chars",
     "load_run",
     "load_pretrained",
 ]
 
 CORPORA = ("wikipedia", "shakespeare", "kjv", "speeches", "tweets", "vader")
+
+
+def held_out_chars(max_chars: int | None, seq_len: int) -> int | None:
+    """Characters of each corpus's validation split that a run holds out: a tenth of ``max_chars``, at least
+    20 rows' worth; all of it when ``max_chars`` is None."""
+    return None if max_chars is None else max(max_chars // 10, 20 * seq_len)
 
 
 def prepare_data(
@@ -85,7 +92,7 @@ def prepare_data(
         )
     seq_len = recipe.model.max_seq_len  # rows as long as the model's positions
     tokenizer = train_tokenizer(corpora, recipe.model.vocab_size, sample_chars=tokenizer_chars, progress=progress)
-    val_chars = None if max_chars is None else max(max_chars // 10, 20 * seq_len)
+    val_chars = held_out_chars(max_chars, seq_len)
     if dedup:
         train_rows = deduplicated_rows(tokenizer, corpora, "train", seq_len, max_chars)
         val_rows = deduplicated_rows(tokenizer, corpora, "validation", seq_len, val_chars)
@@ -275,7 +282,7 @@ def pretrain(
     summary["tokens_seen"] = position * recipe.micro_batch * recipe.model.max_seq_len
     summary["passes"] = round(passes_over_data(summary["tokens_seen"], summary["corpus_tokens"]), 3)
     if run.dedup:
-        val_chars = None if run.max_chars is None else max(run.max_chars // 10, 20 * recipe.model.max_seq_len)
+        val_chars = held_out_chars(run.max_chars, recipe.model.max_seq_len)
         summary["dedup"] = {
             "train": dedup_counts(run.corpora, "train", run.max_chars),
             "validation": dedup_counts(run.corpora, "validation", val_chars),

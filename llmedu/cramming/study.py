@@ -36,7 +36,7 @@ from .dedup import deduplicated_rows
 from .encoders import baseline_scorers, encoder_features, finetune_scorer, minilm_features, minilm_scorer, probe_scorer
 from .evaluate import TASKS, check_no_overlap, label_efficiency, make_splits, protocol, task_average
 from .finetune import FIXED
-from .pretrain import CORPORA, PretrainRun, load_run, pretrain
+from .pretrain import CORPORA, PretrainRun, held_out_chars, load_run, pretrain
 
 __all__ = ["StudyConfig", "run_study", "pretrain_for_study", "unigram_line"]
 
@@ -69,7 +69,7 @@ def unigram_line(run) -> float:
     saved = PretrainRun.from_dict(json.loads((Path(run) / "run.json").read_text()))
     _, tokenizer = load_run(run)
     seq_len = saved.recipe.model.max_seq_len
-    val_chars = None if saved.max_chars is None else max(saved.max_chars // 10, 20 * seq_len)
+    val_chars = held_out_chars(saved.max_chars, seq_len)
     if saved.dedup:  # the text the run trained on and was measured on
         train = deduplicated_rows(tokenizer, saved.corpora, "train", seq_len, saved.max_chars)
         held = deduplicated_rows(tokenizer, saved.corpora, "validation", seq_len, val_chars)
