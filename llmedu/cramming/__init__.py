@@ -17,12 +17,15 @@ scaling     run_scaling: MLM loss against tokens and against seconds, sizes x sh
             (the grid in scaling_grid, the machinery it shares in budget_runs, the reading in scaling_report)
 vocab_study run_vocab_study: vocabulary sizes under one budget, compared per character and by linear
             probes (the reading in vocab_report)
+probe_curve run_probe_curve: the linear probe at a run's checkpoints against random init, where the gap
+            opens (the reading in probe_curve_report)
 
 python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
 python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
 python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json
 python -m llmedu.cramming scaling --budget 3m --out runs/scaling.json
 python -m llmedu.cramming vocab --budget 3m --out runs/vocab.json
+python -m llmedu.cramming probe-curve --run runs/crammed --out runs/probe_curve.json
 python -m llmedu.cramming bench
 """
 
@@ -31,6 +34,8 @@ from .dedup import deduplicate
 from .evaluate import TASKS, label_efficiency, make_splits, protocol, task_average
 from .finetune import AUTHORS, FIXED, FinetuneSettings, finetune
 from .pretrain import PretrainRun, load_pretrained, load_run, pretrain
+from .probe_curve import run_probe_curve
+from .probe_curve_report import load_probe_curve
 from .recipe import ABLATIONS, Recipe, crammed, original_bert, parse_budget
 from .scaling import GRIDS, run_scaling
 from .scaling_report import load_scaling
@@ -55,12 +60,14 @@ __all__ = [
     "label_efficiency",
     "load_pretrained",
     "load_run",
+    "load_probe_curve",
     "load_scaling",
     "make_splits",
     "original_bert",
     "parse_budget",
     "pretrain",
     "protocol",
+    "run_probe_curve",
     "run_scaling",
     "run_study",
     "task_average",

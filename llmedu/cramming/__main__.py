@@ -1,4 +1,4 @@
-"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,vocab,bench}``: the capstone from the command line.
+"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,vocab,probe-curve,bench}``: the capstone from the command line.
 
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
@@ -9,6 +9,7 @@
     python -m llmedu.cramming scaling --budget 3m --out data/results/cramming_scaling_cpu.json  # sizes x shapes
     python -m llmedu.cramming scaling --shape tiny --budget 5s --out /tmp/scaling.json     # a smoke run
     python -m llmedu.cramming vocab --budget 3m --out data/results/cramming_vocab_cpu.json  # vocabulary sizes
+    python -m llmedu.cramming probe-curve --run runs/crammed --out curve.json  # the probe along a run's checkpoints
     python -m llmedu.cramming bench
 
 Progress goes to stderr; the last line of stdout is one line of JSON with the command's key figures.
@@ -30,7 +31,10 @@ from .budget_runs import StudyBudget
 from .evaluate import TASKS
 from .finetune import FIXED, SETTINGS, finetune
 from .pretrain import CORPORA, PretrainRun, pretrain
+from .probe_curve import run_probe_curve
+from .probe_curve_report import study_references
 from .recipe import CUDA_SHAPE, TINY_SHAPE, crammed, original_bert, parse_budget
+from .report import RECORDED
 from .scaling import BASES, GRIDS, check_grid, parse_entry, run_scaling
 from .study import StudyConfig, pretrain_for_study, run_study
 from .vocab_study import VOCAB_SIZES, check_vocab_sizes, run_vocab_study
@@ -242,6 +246,21 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
+    c = commands.add_parser(
+        "probe-curve",
+        help="the frozen encoder's linear probe at a run's checkpoints against random init: where the gap opens "
+        "(probe_curve.py)",
+    )
+    c.add_argument("--run", required=True, help="a run folder written by pretrain (with its checkpoints/)")
+    c.add_argument("--out", required=True, help="the curve's JSON (rewritten after every checkpoint)")
+    c.add_argument("--points", type=int, default=8, help="checkpoints to probe, spaced in tokens (default 8)")
+    c.add_argument("--steps", nargs="+", type=int, default=None, help="probe these checkpoints' steps instead")
+    c.add_argument("--threshold", type=float, default=0.03, help="the gap the verdict looks for (default 0.03)")
+    c.add_argument("--max-train", type=int, default=2000, help="cap each task's train split (default 2000)")
+    c.add_argument("--max-eval", type=int, default=None, help="cap each task's dev and test splits")
+    c.add_argument("--resume", action="store_true", help="keep the points of a stopped curve in --out")
+    c.add_argument("--device", default=None, help="unused: the probe runs on the CPU")
+
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
     )
@@ -382,6 +401,24 @@ def _vocab(args, device, parser, argv) -> dict:
     return {"out": args.out, "runs": {name: {k: r[k] for k in keys} for name, r in results["runs"].items()}}
 
 
+def _probe_curve(args) -> dict:
+    """The probe curve of a run folder, with lesson 22's recorded study as the reference lines where it exists."""
+    references = study_references() if RECORDED.is_file() else None
+    results = run_probe_curve(
+        args.run,
+        args.out,
+        points=None if args.steps else args.points,
+        steps=args.steps,
+        threshold=args.threshold,
+        max_train=args.max_train,
+        max_eval=args.max_eval,
+        references=references,
+        resume=args.resume,
+    )
+    gaps = {p["step"]: round(p["gap"]["average"], 4) for p in results["points"]}
+    return {"out": args.out, "control": round(results["control"]["average"]["mean"], 4), "gaps": gaps}
+
+
 def _shape(name: str, device) -> dict:
     return {"tiny": TINY_SHAPE, "cpu": {}, "cuda": CUDA_SHAPE}[
         name if name != "auto" else "cuda" if device.type == "cuda" else "cpu"
@@ -440,6 +477,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = _scaling(args, device, parser, argv)
     elif args.command == "vocab":
         result = _vocab(args, device, parser, argv)
+    elif args.command == "probe-curve":
+        result = _probe_curve(args)
     else:
         result = _bench(args)
     print(json.dumps(result), flush=True)
