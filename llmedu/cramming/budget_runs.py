@@ -38,7 +38,7 @@ from .. import runtime
 from ..data.packing import MLMBatches
 from ..hardware import machine_summary
 from ..models import MaskedLM
-from .pretrain import CORPORA, PretrainRun, mlm_loss_fn, pretrain
+from .pretrain import CORPORA, PretrainRun, check_budget, mlm_loss_fn, pretrain
 from .recipe import BudgetClock, Recipe, budget_accumulation
 
 __all__ = [
@@ -75,12 +75,7 @@ class StudyBudget:
     tokenizer_chars: int = 400_000
 
     def __post_init__(self):
-        if self.budget_seconds is None and self.max_steps is None:
-            raise ValueError("give a budget in seconds, max_steps, or both")
-        if self.budget_seconds is not None and not self.budget_seconds > 0:
-            raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_seconds}")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise ValueError(f"max_steps must be an int >= 1, got {self.max_steps!r}")
+        check_budget(self.budget_seconds, self.max_steps)
         if self.eval_every is not None and (not isinstance(self.eval_every, int) or self.eval_every < 1):
             raise ValueError(f"eval_every must be an int >= 1, got {self.eval_every!r}")
         if not isinstance(self.evals, int) or self.evals < 1:

@@ -153,6 +153,17 @@ def evaluate_mlm(model: MaskedLM, batches: MLMBatches, n_batches: int, precision
     return total / n
 
 
+def check_budget(budget_seconds: float | None, max_steps: int | None) -> None:
+    """A run stops at ``budget_seconds`` of training steps, ``max_steps``, or the first of both: a clear error
+    for neither, a budget that is not a positive number of seconds, or steps that are not an int >= 1."""
+    if budget_seconds is None and max_steps is None:
+        raise ValueError("give a budget in seconds, max_steps, or both")
+    if budget_seconds is not None and not budget_seconds > 0:
+        raise ValueError(f"the budget must be a positive number of seconds, got {budget_seconds}")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+
+
 @dataclass(frozen=True)
 class PretrainRun:
     """What a pretraining run is: the recipe, the data and the budget. ``run.json`` holds it, and a
@@ -168,12 +179,7 @@ class PretrainRun:
 
     def __post_init__(self):
         # checked here, before anything is written: a rejected run must not leave a run.json behind
-        if self.budget_seconds is None and self.max_steps is None:
-            raise ValueError("give a budget in seconds, max_steps, or both")
-        if self.budget_seconds is not None and not self.budget_seconds > 0:
-            raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_seconds}")
-        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
-            raise ValueError(f"max_steps must be an int >= 1, got {self.max_steps!r}")
+        check_budget(self.budget_seconds, self.max_steps)
         if self.max_chars is not None and (not isinstance(self.max_chars, int) or self.max_chars < 1):
             raise ValueError(f"max_chars must be an int >= 1, got {self.max_chars!r}")
         if not self.corpora:

@@ -55,6 +55,17 @@ def read_results(path, keys, absent: str, kind: str) -> dict:
     return results
 
 
+def check_runs(results: dict, path, run_keys) -> dict:
+    """``results["runs"]``: a non-empty mapping of run name -> dict holding ``run_keys``; else a clear error."""
+    if not isinstance(results["runs"], dict) or not results["runs"]:
+        raise ValueError(f"{path} holds no finished run")
+    for name, run in results["runs"].items():
+        lacking = [k for k in run_keys if not isinstance(run, dict) or k not in run]
+        if lacking:
+            raise ValueError(f"{path}: the run {name!r} lacks {', '.join(lacking)}")
+    return results["runs"]
+
+
 def load_study(path) -> dict:
     """The results of ``run_study`` read from ``path``; a clear error for a file that is not one."""
     results = read_results(

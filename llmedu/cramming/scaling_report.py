@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from .report import read_results
+from .report import check_runs, read_results
 
 __all__ = [
     "budget_words",
@@ -48,12 +48,7 @@ def load_scaling(path) -> dict:
     """The results of ``run_scaling`` read from ``path``; a clear error for a file that is not one."""
     absent = f"no scaling results here (python -m llmedu.cramming scaling --budget 3m --out {path})"
     results = read_results(path, _KEYS, absent, "the output of a scaling study")
-    if not isinstance(results["runs"], dict) or not results["runs"]:
-        raise ValueError(f"{path} holds no finished run")
-    for name, run in results["runs"].items():
-        lacking = [k for k in _RUN_KEYS if not isinstance(run, dict) or k not in run]
-        if lacking:
-            raise ValueError(f"{path}: the run {name!r} lacks {', '.join(lacking)}")
+    for name, run in check_runs(results, path, _RUN_KEYS).items():
         if not run["val_history"] or any(
             not isinstance(p, dict) or any(k not in p for k in _POINT_KEYS) for p in run["val_history"]
         ):

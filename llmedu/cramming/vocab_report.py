@@ -16,7 +16,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .report import read_results
+from .report import check_runs, read_results
 
 __all__ = ["RECORDED_VOCAB", "load_vocab_study", "probe_mean", "vocab_table", "vocab_verdict", "plot_vocab"]
 
@@ -42,12 +42,7 @@ def load_vocab_study(path) -> dict:
     """The results of ``run_vocab_study`` read from ``path``; a clear error for a file that is not one."""
     absent = f"no vocabulary study here (python -m llmedu.cramming vocab --budget 3m --out {path})"
     results = read_results(path, _KEYS, absent, "the output of a vocabulary study")
-    if not isinstance(results["runs"], dict) or not results["runs"]:
-        raise ValueError(f"{path} holds no finished run")
-    for name, run in results["runs"].items():
-        lacking = [k for k in _RUN_KEYS if not isinstance(run, dict) or k not in run]
-        if lacking:
-            raise ValueError(f"{path}: the run {name!r} lacks {', '.join(lacking)}")
+    check_runs(results, path, _RUN_KEYS)
     return results
 
 
