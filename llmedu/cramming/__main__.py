@@ -181,10 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scaling",
         help="MLM loss against tokens and seconds for several sizes and shapes, one budget each (scaling.py)",
     )
-    s.add_argument("--out", required=True, help="the results JSON (rewritten after every run)")
-    s.add_argument(
-        "--budget", type=_budget, default=parse_budget("3m"), help="wall-clock budget of each run (default 3m)"
-    )
+    _budget_study_options(s)
     s.add_argument(
         "--shape",
         choices=sorted(GRIDS),
@@ -199,25 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="entries to run (default: the whole grid of --shape): names such as medium-deep, or "
         "SIZE-SHAPE=D_MODEL,N_LAYERS,N_HEADS for your own",
     )
-    s.add_argument("--evals", type=int, default=12, help="held-out evaluations of the slowest run (default 12)")
-    s.add_argument("--eval-every", type=int, default=None, help="evaluate every run every this many steps instead")
-    s.add_argument("--eval-batches", type=int, default=20, help="batches per held-out evaluation (default 20)")
-    s.add_argument("--max-steps", type=int, default=None, help="also stop each run after this many optimizer steps")
-    s.add_argument("--max-chars", type=int, default=None, help="use at most this many characters of each corpus")
-    s.add_argument("--tokenizer-chars", type=int, default=400_000)
-    s.add_argument("--runs", default=None, help="keep the run folders here (default: a temporary folder)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
     v = commands.add_parser(
         "vocab",
         help="pretraining at several vocabulary sizes, one budget each: compression, nats per character, "
         "linear probes (vocab_study.py)",
     )
-    v.add_argument("--out", required=True, help="the results JSON (rewritten after every run)")
-    v.add_argument(
-        "--budget", type=_budget, default=parse_budget("3m"), help="wall-clock budget of each run (default 3m)"
-    )
+    _budget_study_options(v)
     v.add_argument(
         "--vocab",
         nargs="+",
@@ -231,20 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="cpu",
         help="cpu: d 128, 4 layers (crammed()); tiny: d 64, 2 layers, 16-row micro-batches (smoke tests)",
     )
-    v.add_argument("--max-chars", type=int, default=None, help="use at most this many characters of each corpus")
-    v.add_argument(
-        "--tokenizer-chars", type=int, default=400_000, help="characters of each corpus every tokenizer learns from"
-    )
-    v.add_argument("--max-steps", type=int, default=None, help="also stop each run after this many optimizer steps")
-    v.add_argument("--evals", type=int, default=12, help="held-out evaluations of the slowest run (default 12)")
-    v.add_argument("--eval-every", type=int, default=None, help="evaluate every run every this many steps instead")
-    v.add_argument("--eval-batches", type=int, default=20, help="batches per held-out evaluation (default 20)")
     v.add_argument("--no-probe", action="store_true", help="skip the linear probes (about 50 s a run at the CPU shape)")
     v.add_argument("--probe-max-train", type=int, default=None, help="cap each probe task's train split (quick runs)")
     v.add_argument("--probe-max-eval", type=int, default=None, help="cap each probe task's dev split (quick runs)")
-    v.add_argument("--runs", default=None, help="keep the run folders here (default: a temporary folder)")
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
     c = commands.add_parser(
         "probe-curve",
@@ -267,6 +241,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget", type=_budget, default=None, help="budget of each loss run (default 20s fast, 2m full)")
     b.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     return parser
+
+
+def _budget_study_options(p: argparse.ArgumentParser) -> None:
+    """The options every study of several runs under one budget takes (scaling, vocab: budget_runs.py)."""
+    p.add_argument("--out", required=True, help="the results JSON (rewritten after every run)")
+    p.add_argument(
+        "--budget", type=_budget, default=parse_budget("3m"), help="wall-clock budget of each run (default 3m)"
+    )
+    p.add_argument("--evals", type=int, default=12, help="held-out evaluations of the slowest run (default 12)")
+    p.add_argument("--eval-every", type=int, default=None, help="evaluate every run every this many steps instead")
+    p.add_argument("--eval-batches", type=int, default=20, help="batches per held-out evaluation (default 20)")
+    p.add_argument("--max-steps", type=int, default=None, help="also stop each run after this many optimizer steps")
+    p.add_argument("--max-chars", type=int, default=None, help="use at most this many characters of each corpus")
+    p.add_argument(
+        "--tokenizer-chars", type=int, default=400_000, help="characters of each corpus a tokenizer learns from"
+    )
+    p.add_argument("--runs", default=None, help="keep the run folders here (default: a temporary folder)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
 
 
 def _bench(args) -> dict:
@@ -338,11 +331,20 @@ def _scaling(args, device, parser, argv) -> dict:
         check_grid(grid, BASES[args.shape])
     except ValueError as error:
         parser.error(f"scaling: {error}")
+    results = run_scaling(grid, args.budget, args.out, **_study_settings(args, device, argv))
+    return {
+        "out": args.out,
+        "unigram_cross_entropy": results["unigram_cross_entropy"],
+        "runs": {
+            name: {k: r[k] for k in ("tokens_per_s", "tokens_seen", "val_loss")} for name, r in results["runs"].items()
+        },
+    }
+
+
+def _study_settings(args, device, argv) -> dict:
+    """The keyword arguments that ``run_scaling`` and ``run_vocab_study`` share, from ``_budget_study_options``."""
     words = sys.argv[1:] if argv is None else argv
-    results = run_scaling(
-        grid,
-        args.budget,
-        args.out,
+    return dict(
         base=BASES[args.shape],
         max_steps=args.max_steps,
         max_chars=args.max_chars,
@@ -356,13 +358,6 @@ def _scaling(args, device, parser, argv) -> dict:
         command="python -m llmedu.cramming " + " ".join(words),
         stream=sys.stderr,
     )
-    return {
-        "out": args.out,
-        "unigram_cross_entropy": results["unigram_cross_entropy"],
-        "runs": {
-            name: {k: r[k] for k in ("tokens_per_s", "tokens_seen", "val_loss")} for name, r in results["runs"].items()
-        },
-    }
 
 
 def _vocab(args, device, parser, argv) -> dict:
@@ -376,26 +371,14 @@ def _vocab(args, device, parser, argv) -> dict:
         check_vocab_sizes(args.vocab, CORPORA, args.tokenizer_chars)  # reads the tokenizer's sample: seconds
     except ValueError as error:
         parser.error(f"vocab: {error}")
-    words = sys.argv[1:] if argv is None else argv
     results = run_vocab_study(
         args.vocab,
         args.budget,
         args.out,
-        base=BASES[args.shape],
-        max_steps=args.max_steps,
-        max_chars=args.max_chars,
-        seed=args.seed,
-        evals=args.evals,
-        eval_every=args.eval_every,
-        eval_batches=args.eval_batches,
-        tokenizer_chars=args.tokenizer_chars,
         probe=not args.no_probe,
         probe_max_train=args.probe_max_train,
         probe_max_eval=args.probe_max_eval,
-        runs_dir=args.runs,
-        device=device,
-        command="python -m llmedu.cramming " + " ".join(words),
-        stream=sys.stderr,
+        **_study_settings(args, device, argv),
     )
     keys = ("tokens_per_char", "chars_per_s", "val_loss", "nats_per_char", "probe")
     return {"out": args.out, "runs": {name: {k: r[k] for k in keys} for name, r in results["runs"].items()}}
