@@ -74,6 +74,10 @@ def test_alpha_and_beta_are_recovered_from_exact_ring_times():
 def test_calibration_takes_the_modelled_rest_off_first():
     assert calibrate_efficiency(1e9, 0.2, 1e10, other_seconds=0.0) == pytest.approx(0.5)
     assert calibrate_efficiency(1e9, 0.2, 1e10, other_seconds=0.1) == pytest.approx(1.0)
+    with pytest.warns(
+        UserWarning, match=r"the step ran at 125% of the matmul probe's 10.0 GFLOP/s: the probe read low"
+    ):
+        assert calibrate_efficiency(1e9, 0.08, 1e10) == 1.0  # faster than the probe allows: said, then 1
 
 
 @pytest.mark.parametrize(

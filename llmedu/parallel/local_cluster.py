@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -211,14 +212,24 @@ def rank_flops(thread_flops: float, cores: int, world: int, threads: int) -> flo
 
 def calibrate_efficiency(step_flops: float, step_seconds: float, flops: float, other_seconds: float = 0.0) -> float:
     """The efficiency a measured one-process step implies: its model FLOPs / (the time left for them x the
-    probed FLOP/s), where ``other_seconds`` (the modelled overheads and optimizer step) are taken off first."""
+    probed FLOP/s), where ``other_seconds`` (the modelled overheads and optimizer step) are taken off first.
+
+    A step faster than the probe allows (above 1) means the probe read low: the host was slower while it ran.
+    The efficiency is then 1, with a warning that says by how much the step outran the probe."""
     if step_flops <= 0 or step_seconds <= 0 or flops <= 0:
         raise ValueError(f"need positive FLOPs, seconds and FLOP/s, got {step_flops}, {step_seconds}, {flops}")
     if not 0 <= other_seconds < step_seconds:
         raise ValueError(
             f"the modelled rest ({other_seconds:.3g} s) must leave time for the FLOPs ({step_seconds:.3g} s)"
         )
-    return min(1.0, step_flops / ((step_seconds - other_seconds) * flops))
+    implied = step_flops / ((step_seconds - other_seconds) * flops)
+    if implied > 1:
+        warnings.warn(
+            f"the step ran at {implied:.0%} of the matmul probe's {flops / 1e9:.1f} GFLOP/s: the probe read low (the "
+            "host was slower while it ran); the efficiency is taken as 100%, so predictions will run slow",
+            stacklevel=2,
+        )
+    return min(1.0, implied)
 
 
 def local_cluster(
