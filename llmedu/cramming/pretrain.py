@@ -371,6 +371,11 @@ def load_pretrained(out: str | Path) -> dict[str, torch.Tensor]:
     latest = ckpt.latest(Path(out) / "checkpoints")
     if latest is None:
         raise FileNotFoundError(f"no checkpoint under {Path(out) / 'checkpoints'}")
-    tensors = load_file(str(latest / ckpt.TENSORS))
+    return encoder_weights(latest)
+
+
+def encoder_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """The encoder weights (``transformer.*`` of the MaskedLM) of one checkpoint folder."""
+    tensors = load_file(str(Path(checkpoint) / ckpt.TENSORS))  # safetensors: raw numbers, nothing unpickled
     prefix = "model.transformer."
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

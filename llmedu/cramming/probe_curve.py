@@ -60,13 +60,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from ..hardware import machine_summary
 from ..train import checkpoint as ckpt
 from .encoders import encoder_features, probe_scorer
 from .evaluate import TASKS, check_no_overlap, make_splits, protocol, task_average
-from .pretrain import PretrainRun
+from .pretrain import PretrainRun, encoder_weights
 from .probe_curve_report import CONTROL, curve_verdict, load_probe_curve
 from .recipe import BudgetClock, budget_schedule
 
@@ -149,9 +148,7 @@ def checkpoint_weights(path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not (path / ckpt.TENSORS).is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint folder (no {ckpt.TENSORS})")
-    tensors = load_file(str(path / ckpt.TENSORS))  # safetensors: raw numbers, nothing unpickled
-    prefix = "model.transformer."
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+    return encoder_weights(path)
 
 
 def checkpoint_features(run, weights: dict[str, torch.Tensor], max_len: int = 128):
