@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -269,3 +270,39 @@ def test_the_evaluation_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     assert set(results["average"]) == models and printed["average"]["majority class"] == pytest.approx(
         results["average"]["majority class"]["mean"], abs=1e-4
     )
+
+
+def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_repeats(tiny_run, tmp_path):
+    """The control rows are reused, not measured again, and each way the reuse could be wrong is refused:
+    another protocol, another tokenizer/shape/split (injected by moving the fingerprint), a name clash."""
+    from llmedu.cramming.study import FINGERPRINT, run_study
+
+    config = StudyConfig(tasks=("bbc_news",), lrs=(4e-4,), seeds=(0,), label_sizes=(), epochs=1, max_train=32,
+                         max_eval=16, minilm=False)  # fmt: skip
+    first = run_study({"crammed": tiny_run}, config, out=tmp_path / "first.json", progress=False)
+    second = run_study(
+        {"crammed again": tiny_run},
+        config,
+        out=tmp_path / "second.json",
+        progress=False,
+        controls_from=tmp_path / "first.json",
+    )
+    then, now = first["tasks"]["bbc_news"]["models"], second["tasks"]["bbc_news"]["models"]
+    borrowed = ["random init", "majority class", "TF-IDF + logistic regression"]
+    assert second["controls_from"]["rows"] == borrowed
+    assert set(now) == {"crammed again", "crammed again, linear probe", FINGERPRINT, *borrowed}
+    for row in borrowed:
+        assert now[row] == then[row] | {"borrowed": True}
+    assert "borrowed" not in now[FINGERPRINT] and now[FINGERPRINT]["test"] == then[FINGERPRINT]["test"]
+    assert now["crammed again"]["test"] == then["crammed"]["test"]  # same weights, same seed: measured again
+    assert set(second["average"]) == set(now)
+
+    with pytest.raises(ValueError, match="another protocol.*seeds"):
+        run_study({"c": tiny_run}, replace(config, seeds=(1,)), progress=False, controls_from=tmp_path / "first.json")
+    with pytest.raises(ValueError, match="may not be named like a control"):
+        run_study({"random init": tiny_run}, config, progress=False, controls_from=tmp_path / "first.json")
+    moved = json.loads((tmp_path / "first.json").read_text())
+    moved["tasks"]["bbc_news"]["models"][FINGERPRINT]["test"]["mean"] += 0.01
+    (tmp_path / "moved.json").write_text(json.dumps(moved))
+    with pytest.raises(ValueError, match="random-init probe scores"):
+        run_study({"c": tiny_run}, config, progress=False, controls_from=tmp_path / "moved.json")

@@ -1,6 +1,7 @@
 """The probe curve (issue #26): the study's linear probe along a run's checkpoints, its JSON, reading and errors."""
 
 import json
+import math
 import shutil
 
 import matplotlib
@@ -21,6 +22,7 @@ from llmedu.cramming.probe_curve import (
 )
 from llmedu.cramming.probe_curve_report import (
     CONTROL,
+    average_noise,
     curve_table,
     curve_verdict,
     first_crossing,
@@ -30,6 +32,7 @@ from llmedu.cramming.probe_curve_report import (
 )
 from llmedu.cramming.recipe import TINY_SHAPE, crammed
 from llmedu.cramming.report import RECORDED
+from llmedu.train.checkpoint import TENSORS, CheckpointError
 
 matplotlib.use("Agg")
 
@@ -115,6 +118,14 @@ def test_the_table_verdict_and_plot_read_the_curve(curve):
     assert results["verdict"] == curve_verdict(results) and "random init" in results["verdict"]
     axes = plot_probe_curve(results)
     assert len(axes) == 2 and len(axes[0].lines) == 1 + 2 + 2  # the curve, control and threshold, references
+    assert len(axes[1].lines) == 1 + len(results["config"]["tasks"])  # zero, then one gap line per task
+    tasks = list(results["points"][-1]["tasks"].values())
+    by_hand = math.sqrt(sum(t["test"]["mean"] * (1 - t["test"]["mean"]) / t["sizes"]["test"] for t in tasks)) / len(
+        tasks
+    )
+    assert average_noise(results["points"][-1]) == pytest.approx(by_hand)
+    plot_probe_curve(results, axes, label="again", calibration=False)  # a second run on the same axes
+    assert len(axes[0].lines) == 6 and len(axes[1].lines) == 1 + 2 * len(results["config"]["tasks"])
 
 
 def test_a_stopped_curve_resumes_without_probing_again(tiny_run, curve, tmp_path, monkeypatch):
@@ -165,6 +176,13 @@ def test_bad_inputs_raise_clear_errors(tiny_run, tmp_path):
         run_probe_curve(bare, **{**CAPS, "tasks": ("tweet_sentiment",)})
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         checkpoint_weights(tmp_path)
+    damaged = tmp_path / "step-000002"  # a byte of a checkpoint's weights flipped: refused, not loaded
+    shutil.copytree(sorted((tiny_run / "checkpoints").iterdir())[0], damaged)
+    data = bytearray((damaged / TENSORS).read_bytes())
+    data[-1] ^= 0xFF
+    (damaged / TENSORS).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256 recorded when it was saved"):
+        checkpoint_weights(damaged)
     with pytest.raises(FileNotFoundError, match="no probe curve here"):
         load_probe_curve(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="lacks control, points"):

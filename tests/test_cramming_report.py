@@ -7,6 +7,7 @@ import matplotlib
 import pytest
 
 from llmedu.cramming.report import (
+    budget_table,
     headline,
     load_study,
     plot_label_efficiency,
@@ -112,3 +113,24 @@ def test_a_file_that_is_not_a_study_is_a_clear_error(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(STUDY))
     assert load_study(good)["tasks"]["a"]["sizes"]["train"] == 200
+
+
+def test_the_budget_table_reads_each_study_against_one_control():
+    import copy
+
+    longer = copy.deepcopy(STUDY)
+    longer["pretraining"]["crammed"]["summary"] |= {"elapsed_seconds": 120.0, "tokens_seen": 4_000_000, "passes": 1.0}
+    for task in longer["tasks"].values():  # every crammed score 0.05 higher: the gap grows by 5 points
+        task["models"]["crammed"] = _result([x + 0.05 for x in task["models"]["crammed"]["test"]["scores"]])
+    table = budget_table({"1 min": STUDY, "2 min": longer}).splitlines()
+    assert table[2].split()[:6] == ["1", "min", "1.0", "2.0M", "0.50", "5.200"]
+    # average per seed: (0.8 + 0.6) / 2, (0.7 + 0.6) / 2, (0.9 + 0.7) / 2 = 70, 65, 80 %; control 60, 55, 60;
+    # gaps 10, 10, 20: mean 13.3, std 5.8
+    assert table[2].endswith("71.7 +- 7.6    +13.3 +- 5.8")
+    assert table[3].endswith("76.7 +- 7.6    +18.3 +- 5.8") and table[3].split()[2:5] == ["2.0", "4.0M", "1.00"]
+    assert table[4].startswith("random init") and table[4].endswith("58.3 +- 2.9")
+
+    other = copy.deepcopy(longer)
+    other["tasks"]["a"]["models"]["random init"] = _result([0.5, 0.6, 0.6])
+    with pytest.raises(ValueError, match="other 'random init' scores"):
+        budget_table({"1 min": STUDY, "2 min": other})

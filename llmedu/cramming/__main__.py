@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--minilm-probe-only", action="store_true", help="MiniLM's linear probe, not its fine-tunes (~7x ours on a CPU)"
     )
+    e.add_argument(
+        "--controls-from",
+        default=None,
+        help="an earlier study's JSON with the same protocol and tokenizer: reuse its random-init, MiniLM and "
+        "baseline rows instead of measuring them again (checked by the random-init probe, measured again)",
+    )
     e.add_argument("--pretrain", type=_budget, default=None, help="budget for the runs whose folder is missing")
     e.add_argument("--shape", choices=("auto", "tiny", "cpu", "cuda"), default="auto", help="of the runs pretrained")
     e.add_argument("--max-chars", type=int, default=None, help="of each corpus, for the runs pretrained")
@@ -314,7 +320,7 @@ def _evaluate(args, device) -> dict:
             device=device,
             tokenizer_chars=args.tokenizer_chars,
         )
-    results = run_study(runs, config, out=args.out)
+    results = run_study(runs, config, out=args.out, controls_from=args.controls_from)
     return {"out": args.out, "average": {k: round(v["mean"], 4) for k, v in results["average"].items()}}
 
 

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from .. import runtime
 from ..data.packing import MLMBatches, packed_rows, train_tokenizer
@@ -375,7 +374,8 @@ def load_pretrained(out: str | Path) -> dict[str, torch.Tensor]:
 
 
 def encoder_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
-    """The encoder weights (``transformer.*`` of the MaskedLM) of one checkpoint folder."""
-    tensors = load_file(str(Path(checkpoint) / ckpt.TENSORS))  # safetensors: raw numbers, nothing unpickled
+    """The encoder weights (``transformer.*`` of the MaskedLM) of one checkpoint folder, read through the
+    checkpoint's own checks (``train.checkpoint.read``: a damaged file is an error, not damaged weights)."""
+    tensors, _ = ckpt.read(checkpoint)  # safetensors: raw numbers, nothing unpickled
     prefix = "model.transformer."
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

@@ -13,6 +13,7 @@ from .report import RECORDED, load_study, read_results
 
 __all__ = [
     "RECORDED_CURVE",
+    "RECORDED_CURVE_HOUR",
     "CONTROL",
     "REFERENCE_ROWS",
     "load_probe_curve",
@@ -21,9 +22,11 @@ __all__ = [
     "curve_table",
     "curve_verdict",
     "plot_probe_curve",
+    "average_noise",
 ]
 
 RECORDED_CURVE = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_probe_curve_cpu_30m.json"
+RECORDED_CURVE_HOUR = RECORDED_CURVE.with_name("cramming_probe_curve_cpu_60m.json")  # a 60-minute run's
 CONTROL = "random init, linear probe"  # the study's name for the control row
 REFERENCE_ROWS = ("TF-IDF + logistic regression", "MiniLM-L6, linear probe")  # study rows worth a line on the plot
 _KEYS = ("provenance", "config", "control", "points")
@@ -134,30 +137,52 @@ def curve_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_probe_curve(results: dict, axes=None):
-    """Probe task average (%) against minutes of the budget and against tokens seen; random init's probe as a
-    horizontal line (and the threshold above it, dotted), the references dashed."""
+def average_noise(point: dict) -> float:
+    """The binomial standard error of a point's task average: each task's sqrt(p (1 - p) / n_test), in quadrature
+    over the tasks, divided by their number. A gap to the control, measured the same way, has about sqrt(2)
+    times it (the control's own error, the two taken as independent)."""
+    tasks = point["tasks"].values()
+    variances = [t["test"]["mean"] * (1 - t["test"]["mean"]) / t["sizes"]["test"] for t in tasks]
+    return sum(variances) ** 0.5 / len(variances)
+
+
+def plot_probe_curve(results: dict, axes=None, label: str = "pretrained, linear probe", calibration: bool = True):
+    """Left: the probe's task average (%) against tokens seen, a band of one binomial standard error, random
+    init's probe as a line (the threshold above it dotted), the references dashed. Right: each task's gap to
+    random init (points). Called again on the same axes with ``calibration=False`` and another ``label``, it
+    adds a second run's curve (dashed on the right)."""
     import matplotlib.pyplot as plt
 
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+        _, axes = plt.subplots(1, 2, figsize=(12, 4), layout="constrained")
+    left, right = axes
     points = results["points"]
-    control = 100 * results["control"]["average"]["mean"]
-    threshold = 100 * results["config"]["threshold"]
+    x = [p["tokens_seen"] / 1e6 for p in points]
     ys = [100 * p["average"]["mean"] for p in points]
-    xs = {
-        "minutes of the budget (a checkpoint, not a run of that budget)": [p["seconds"] / 60 for p in points],
-        "tokens seen (millions)": [p["tokens_seen"] / 1e6 for p in points],
-    }
-    for ax, (label, x) in zip(axes, xs.items()):
-        ax.plot(x, ys, marker="o", label="pretrained, linear probe")
-        ax.axhline(control, color="grey", label=CONTROL)
-        ax.axhline(control + threshold, color="grey", ls=":", label=f"random init + {threshold:.0f} points")
+    noise = [100 * average_noise(p) for p in points]
+    (line,) = left.plot(x, ys, marker="o", label=f"{label} (band: +-1 s.e.)")
+    left.fill_between(x, [y - e for y, e in zip(ys, noise)], [y + e for y, e in zip(ys, noise)], alpha=0.2,
+                      color=line.get_color())  # fmt: skip
+    if calibration:
+        control = 100 * results["control"]["average"]["mean"]
+        threshold = 100 * results["config"]["threshold"]
+        left.axhline(control, color="grey", label=CONTROL)
+        left.axhline(control + threshold, color="grey", ls=":", label=f"random init + {threshold:.0f} points")
         references = (results.get("references") or {}).items()
         for (name, value), color in zip(references, itertools.cycle(("tab:green", "tab:purple", "tab:red"))):
-            ax.axhline(100 * value, ls="--", color=color, alpha=0.8, label=name)
-        ax.set_xlabel(label)
-    axes[0].set_ylabel("test accuracy, task average (%)")
-    axes[-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
-    axes[0].set_title("linear probe along one pretraining run", fontsize=10, loc="left")
+            left.axhline(100 * value, ls="--", color=color, alpha=0.8, label=name)
+        right.axhline(0, color="grey", lw=1)
+        left.set_xlabel("tokens seen (millions; a checkpoint, not a run of that budget)")
+        left.set_ylabel("test accuracy, task average (%)")
+        right.set_xlabel("tokens seen (millions)")
+        right.set_ylabel("probe minus random init (points)")
+        left.set_title("linear probe along pretraining", fontsize=10, loc="left")
+        right.set_title("per task", fontsize=10, loc="left")
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+    style = "-" if calibration else "--"
+    for task, colour in zip(results["config"]["tasks"], itertools.cycle(colours)):
+        gaps = [100 * p["gap"]["tasks"][task] for p in points]
+        right.plot(x, gaps, color=colour, ls=style, marker=".", label=f"{task} ({label})")
+    left.legend(fontsize=8, loc="lower right")
+    right.legend(fontsize=7, loc="upper left")
     return axes

@@ -292,6 +292,8 @@ def budget_schedule(recipe: Recipe, clock: BudgetClock) -> Schedule:
 def budget_accumulation(recipe: Recipe, clock: BudgetClock):
     """step -> micro-batches in that step: 1 at the start, growing linearly with the budget spent
     to ``recipe.accumulation`` at ``recipe.batch_ramp`` of it (the authors' bert-o4 setting: 60%).
+    Rounded up to whole micro-batches, so the ramp is a staircase whose last step is reached at
+    ``batch_ramp x (accumulation - 1) / accumulation``: with the CPU recipe's 2, one jump at 30%.
 
     Small batches early are cheap steps while the gradient is large and consistent; the larger
     batch later averages the noise that limits progress near the end (McCandlish et al. 2018).

@@ -29,12 +29,16 @@ __all__ = [
     "load_study",
     "headline",
     "task_table",
+    "budget_table",
     "pretraining_table",
     "plot_pretraining",
     "plot_label_efficiency",
 ]
 
 RECORDED = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 22's run
+RECORDED_HOUR = RECORDED.with_name(
+    "cramming_study_cpu_60m.json"
+)  # the same protocol after an hour (its controls borrowed)
 _KEYS = ("config", "pretraining", "tasks", "average")
 CALIBRATION = ("majority class", "TF-IDF + logistic regression")
 
@@ -119,6 +123,43 @@ def task_table(results: dict) -> str:
         avg = results["average"].get(m)
         row += f"{100 * avg['mean']:9.1f} +- {100 * avg['std']:3.1f}" if avg else f"{'-':>16}"
         lines.append(row)
+    return "\n".join(lines)
+
+
+def budget_table(studies: dict[str, dict], pretrained: str = "crammed", control: str = "random init") -> str:
+    """Studies of one recipe at several budgets (``{label: results}``), one line each: its pretraining
+    (minutes, tokens read, passes, held-out MLM loss), the pretrained row's test accuracy (%) per task and on
+    average, and the headline gap to the control (points, mean +- std over seeds). The control's line comes
+    last; every study must hold the same control scores (as when one borrowed it from another), else the
+    gaps would be measured against different baselines and a clear error says so."""
+    first = next(iter(studies.values()))
+    tasks = list(first["tasks"])
+    reference = {t: first["tasks"][t]["models"][control]["test"]["scores"] for t in tasks}
+    for label, results in studies.items():
+        if list(results["tasks"]) != tasks:
+            raise ValueError(f"{label!r} was scored on {list(results['tasks'])}, the first study on {tasks}")
+        theirs = {t: results["tasks"][t]["models"][control]["test"]["scores"] for t in tasks}
+        if theirs != reference:
+            raise ValueError(f"{label!r} has other {control!r} scores than the first study: compare each alone")
+    head = f"{'budget':<10}{'min':>6}{'tokens':>8}{'passes':>8}{'loss':>7}" + "".join(f"{t:>18}" for t in tasks)
+    head += f"{'average':>15}{'gap (points)':>16}"
+    lines = [head, "-" * len(head)]
+    for label, results in studies.items():
+        s = results["pretraining"][pretrained]["summary"]
+        row = f"{label:<10}{s['elapsed_seconds'] / 60:>6.1f}{s['tokens_seen'] / 1e6:>7.1f}M{s['passes']:>8.2f}"
+        row += f"{s['val_loss']:>7.3f}" + "".join(
+            f"{_cell(results['tasks'][t]['models'][pretrained]):>18}" for t in tasks
+        )
+        scores = _per_seed_average(results, pretrained)
+        mean = statistics.fmean(scores)
+        spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+        h = headline(results, pretrained, control)
+        row += f"{100 * mean:>8.1f} +- {100 * spread:3.1f}{100 * h['gap']:>+9.1f} +- {100 * h['gap_std']:3.1f}"
+        lines.append(row)
+    scores = _per_seed_average(first, control)
+    spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+    row = f"{control:<39}" + "".join(f"{_cell(first['tasks'][t]['models'][control]):>18}" for t in tasks)
+    lines.append(row + f"{100 * statistics.fmean(scores):>8.1f} +- {100 * spread:3.1f}")
     return "\n".join(lines)
 
 

@@ -18,6 +18,15 @@ held-out history if it was recorded) and the unigram cross-entropy of its corpor
 tokenizer, the line an MLM loss plot needs. The JSON is rewritten after every task, so a long run
 that is stopped keeps what it finished.
 
+``controls_from`` (``--controls-from STUDY.json``) reuses an earlier study's control and calibration rows
+(random init fine-tuned, MiniLM, majority class, TF-IDF): they depend on the tasks, the protocol and the
+first run's tokenizer and shape, not on its pretrained weights, and they cost as much as the run's own
+rows. Two checks guard the reuse: the earlier study's config must equal this one, and the random-init
+linear probe, measured again here (a minute: frozen features and one convex fit), must equal the earlier
+one on every task. That probe reads the tokenizer, the random weights of the shape and the splits, so it
+fails for any of them changed; what it cannot see is a change to the fine-tuning code between the two
+studies (the result file records the borrowing, so the reader knows).
+
 ``--pretrain BUDGET`` pretrains each run folder that does not exist yet with the crammed recipe on
 the corpora that no task's text comes from (``evaluate.check_no_overlap``), deduplicated, with the
 held-out loss recorded every ``eval_every`` steps.
@@ -37,8 +46,12 @@ from .encoders import baseline_scorers, encoder_features, finetune_scorer, minil
 from .evaluate import TASKS, check_no_overlap, label_efficiency, make_splits, protocol, task_average
 from .finetune import FIXED
 from .pretrain import CORPORA, PretrainRun, held_out_chars, load_run, pretrain
+from .report import load_study
 
-__all__ = ["StudyConfig", "run_study", "pretrain_for_study", "unigram_line"]
+__all__ = ["StudyConfig", "run_study", "pretrain_for_study", "unigram_line", "borrowable_rows"]
+
+FINGERPRINT = "random init, linear probe"  # measured again by a study that borrows the other controls
+_TOLERANCE = 1e-6  # the fingerprint must repeat exactly: the same features and a convex fit from zero
 
 
 @dataclass(frozen=True)
@@ -88,8 +101,9 @@ def pretrain_for_study(out, recipe, budget_seconds: float, tasks, eval_every: in
     return pretrain(out, run, eval_every=eval_every, **pretrain_kw)
 
 
-def _models(runs: dict[str, str], config: StudyConfig) -> dict[str, tuple]:
-    """name -> (scorer, sweep): the sweep is the config's rates, or (None,) for models without a rate."""
+def _models(runs: dict[str, str], config: StudyConfig, controls: bool = True) -> dict[str, tuple]:
+    """name -> (scorer, sweep): the sweep is the config's rates, or (None,) for models without a rate.
+    ``controls=False``: only the runs' rows and the fingerprint (the others are borrowed)."""
     settings = replace(FIXED, epochs=config.epochs)
     rates, none = config.lrs, (None,)
     models = {}
@@ -97,8 +111,11 @@ def _models(runs: dict[str, str], config: StudyConfig) -> dict[str, tuple]:
         models[name] = (finetune_scorer(folder, settings=settings), rates)
         models[f"{name}, linear probe"] = (probe_scorer(encoder_features(folder)[0]), none)
     first = next(iter(runs.values()))
-    models["random init"] = (finetune_scorer(first, from_scratch=True, settings=settings), rates)
-    models["random init, linear probe"] = (probe_scorer(encoder_features(first, from_scratch=True)[0]), none)
+    if controls:
+        models["random init"] = (finetune_scorer(first, from_scratch=True, settings=settings), rates)
+    models[FINGERPRINT] = (probe_scorer(encoder_features(first, from_scratch=True)[0]), none)
+    if not controls:
+        return models
     if config.minilm and config.minilm_finetune:
         models["MiniLM-L6"] = (minilm_scorer(settings), rates)
     if config.minilm:
@@ -108,21 +125,64 @@ def _models(runs: dict[str, str], config: StudyConfig) -> dict[str, tuple]:
     return models
 
 
-def run_study(runs: dict[str, str], config: StudyConfig = StudyConfig(), out=None, progress: bool = True) -> dict:
-    """Evaluate pretraining runs ``{name: folder}`` and the calibration rows; write ``out`` (JSON) as it goes."""
+def borrowable_rows(earlier: dict) -> list[str]:
+    """The rows of a study that do not depend on its runs' pretrained weights: every row but the runs' own
+    (fine-tuned and probed) and the fingerprint, which a borrowing study measures again."""
+    own = {row for name in earlier["pretraining"] for row in (name, f"{name}, linear probe")}
+    rows = next(iter(earlier["tasks"].values()))["models"]
+    return [row for row in rows if row not in own and row != FINGERPRINT]
+
+
+def _check_borrowing(earlier: dict, config: StudyConfig, source) -> None:
+    now = json.loads(json.dumps(asdict(config)))  # tuples as lists, as the earlier file holds them
+    then = earlier["config"]
+    differ = [f"{k}: {then.get(k)} there, {now[k]} here" for k in now if then.get(k) != now[k]]
+    if differ:
+        raise ValueError(f"{source} was run with another protocol ({'; '.join(differ)}): its controls do not apply")
+    missing = [t for t in config.tasks if t not in earlier["tasks"]]
+    if missing:
+        raise ValueError(f"{source} has no results for {', '.join(missing)}")
+
+
+def _borrow(earlier: dict, task: str, measured: dict, source) -> dict:
+    """The earlier study's control rows for ``task``, once the fingerprint measured here repeats its own."""
+    theirs, ours = earlier["tasks"][task]["models"][FINGERPRINT]["test"]["mean"], measured["test"]["mean"]
+    if abs(theirs - ours) > _TOLERANCE:
+        raise ValueError(
+            f"{task}: the random-init probe scores {ours:.6f} here and {theirs:.6f} in {source}: another "
+            "tokenizer, model shape or split, so its control rows do not apply to this run"
+        )
+    rows = earlier["tasks"][task]["models"]
+    return {row: rows[row] | {"borrowed": True} for row in borrowable_rows(earlier)}
+
+
+def run_study(
+    runs: dict[str, str], config: StudyConfig = StudyConfig(), out=None, progress: bool = True, controls_from=None
+) -> dict:
+    """Evaluate pretraining runs ``{name: folder}`` and the calibration rows; write ``out`` (JSON) as it goes.
+    ``controls_from``: an earlier study's JSON whose control rows are reused (see the module's docstring)."""
     if not runs:
         raise ValueError("give at least one pretraining run")
     for folder in runs.values():
         saved = PretrainRun.from_dict(json.loads((Path(folder) / "run.json").read_text()))
         check_no_overlap(config.tasks, saved.corpora)
+    earlier = None
+    if controls_from is not None:
+        earlier = load_study(controls_from)
+        _check_borrowing(earlier, config, controls_from)
+        clash = [name for name in runs if name in borrowable_rows(earlier) or name == FINGERPRINT]
+        if clash:
+            raise ValueError(f"a run may not be named like a control row: {', '.join(clash)}")
     results = {"config": asdict(config), "pretraining": {}, "tasks": {}, "average": {}}
+    if earlier is not None:
+        results["controls_from"] = {"file": str(controls_from), "rows": borrowable_rows(earlier), "check": FINGERPRINT}
     for name, folder in runs.items():
         summary = Path(folder) / "summary.json"
         results["pretraining"][name] = {
             "summary": json.loads(summary.read_text()) if summary.is_file() else None,
             "unigram_cross_entropy": round(unigram_line(folder), 4),
         }
-    models = _models(runs, config)
+    models = _models(runs, config, controls=earlier is None)
     for task in config.tasks:
         splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
         per_model = {}
@@ -140,9 +200,11 @@ def run_study(runs: dict[str, str], config: StudyConfig = StudyConfig(), out=Non
                 print(
                     f"{task:<16} {name:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True
                 )
+        if earlier is not None:
+            per_model |= _borrow(earlier, task, per_model[FINGERPRINT], controls_from)
         results["tasks"][task] = {"sizes": splits.sizes(), "models": per_model}
         _write(out, results)
-    for name in models:
+    for name in next(iter(results["tasks"].values()))["models"]:
         results["average"][name] = task_average({t: r["models"][name] for t, r in results["tasks"].items()})
     _write(out, results)
     return results

@@ -131,7 +131,11 @@ def vocab_verdict(results: dict) -> str:
         + _trend([(r["vocab_size"], r["nats_per_char"]) for r in runs], "nats per character", "lowest")
         + " (a measure that favours small vocabularies: a masked piece is guessed from its word's other pieces)",
         "  "
-        + _trend([(r["vocab_size"], r["below_unigram"]) for r in runs], "the gap below the unigram line", "highest"),
+        + _trend(
+            [(r["vocab_size"], r["below_unigram"] * r["tokens_per_char"]) for r in runs],
+            "what the model learnt beyond its unigram line, per character (nats/char),",
+            "highest",
+        ),
     ]
     if not all(r.get("probe") for r in runs):
         lines.append("no linear probe recorded: the downstream half of the paper's claim is not tested here")
@@ -149,7 +153,7 @@ def vocab_verdict(results: dict) -> str:
         lines.append(
             f"  best probe {first['vocab_size']} ({100 * probe_mean(first):.1f}%), {100 * margin:.1f} points above "
             f"{second['vocab_size']}: {'beyond' if separated else 'within'} 2 standard errors of that difference "
-            f"({100 * noise:.1f} points, the binomial noise of the dev splits)"
+            f"(one is {100 * noise:.1f} points: the binomial noise of the dev splits, the runs taken as independent)"
         )
     top = max(gains, key=lambda g: g[1])[0]
     lines.append(
@@ -182,11 +186,12 @@ def _vocab_axis(ax, vocabs: list[int]) -> None:
 
 def plot_vocab(results: dict, axes=None):
     """Left: nats per character of masked text, with each run's unigram line in the same unit (dashed).
-    Right: the probe's dev accuracy per task and its mean, the random-weights control dashed."""
+    Right: the probe's dev accuracy per task and its mean (bars: one binomial standard error), the
+    random-weights control dashed; the legend sits below the axes, where it hides no point."""
     import matplotlib.pyplot as plt
 
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(12, 4))
+        _, axes = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
     runs = _runs(results)
     vocabs = [r["vocab_size"] for r in runs]
     left, right = axes
@@ -204,9 +209,11 @@ def plot_vocab(results: dict, axes=None):
             right.plot(vocabs, [100 * r["probe"][task] for r in runs], color=c, marker=".", lw=1, label=task)
             right.plot(vocabs, [100 * r["probe_control"][task] for r in runs], color=c, ls="--", lw=1)
         means = [100 * probe_mean(r) for r in runs]
-        right.plot(vocabs, means, color="black", marker="o", lw=2, label="mean (dashed: random weights)")
+        noise = [100 * _probe_noise(results, r) for r in runs]
+        right.errorbar(vocabs, means, yerr=noise, color="black", marker="o", lw=2, capsize=3, label="mean, +-1 s.e.")
         right.plot(vocabs, [100 * probe_mean(r, "probe_control") for r in runs], color="black", ls="--", lw=1.5)
-        right.legend(fontsize=8)
+        right.plot([], [], color="grey", ls="--", lw=1, label="dashed: random weights (same colour: same task)")
+        right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     else:
         right.text(0.5, 0.5, "no linear probe recorded", ha="center", transform=right.transAxes)
     right.set_ylabel("linear-probe dev accuracy (%)")

@@ -43,7 +43,7 @@ from torch import nn
 from ..data.cache import sha256_of
 from ..runtime import process_alive
 
-__all__ = ["CheckpointError", "save", "load", "load_latest", "latest", "checkpoints", "checkpoint_name"]
+__all__ = ["CheckpointError", "save", "read", "load", "load_latest", "latest", "checkpoints", "checkpoint_name"]
 
 FORMAT = "llmedu-checkpoint-1"
 TENSORS, STATE = "tensors.safetensors", "state.json"
@@ -136,7 +136,11 @@ def save(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, t
 
 
 # -- loading -------------------------------------------------------------------------------------
-def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+def read(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, state) of one checkpoint folder, checked: both files present, the state valid JSON of this
+    format, the tensor file's sha256 the one recorded at save time, and a readable safetensors file.
+    For readers that need the weights without a model and optimizer to load into (``load`` uses it too)."""
+    path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint at {path}: not a folder")
     for name in (TENSORS, STATE):
@@ -207,7 +211,7 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -
     """Load a checkpoint folder into ``model`` and ``optimizer``, restore the RNGs; return the
     training state (step, position, seconds, scaler...). Nothing changes if anything is wrong."""
     path = Path(path)
-    tensors, state = _read(path)
+    tensors, state = read(path)
     try:
         weights = _check_model(path, model, tensors)
         opt_state = _optimizer_state(path, optimizer, tensors, state["optimizer"])
