@@ -154,7 +154,7 @@ def plot_probe_curve(results: dict, axes=None, label: str = "pretrained, linear 
     import matplotlib.pyplot as plt
 
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(12, 4), layout="constrained")
+        _, axes = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
     left, right = axes
     points = results["points"]
     x = [p["tokens_seen"] / 1e6 for p in points]
@@ -183,6 +183,6 @@ def plot_probe_curve(results: dict, axes=None, label: str = "pretrained, linear 
     for task, colour in zip(results["config"]["tasks"], itertools.cycle(colours)):
         gaps = [100 * p["gap"]["tasks"][task] for p in points]
         right.plot(x, gaps, color=colour, ls=style, marker=".", label=f"{task} ({label})")
-    left.legend(fontsize=8, loc="lower right")
-    right.legend(fontsize=7, loc="upper left")
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: it hides no point
     return axes
