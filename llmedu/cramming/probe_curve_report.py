@@ -146,11 +146,14 @@ def average_noise(point: dict) -> float:
     return sum(variances) ** 0.5 / len(variances)
 
 
-def plot_probe_curve(results: dict, axes=None, label: str = "pretrained, linear probe", calibration: bool = True):
-    """Left: the probe's task average (%) against tokens seen, a band of one binomial standard error, random
-    init's probe as a line (the threshold above it dotted), the references dashed. Right: each task's gap to
-    random init (points). Called again on the same axes with ``calibration=False`` and another ``label``, it
-    adds a second run's curve (dashed on the right)."""
+def plot_probe_curve(
+    results: dict, axes=None, label: str = "pretrained, linear probe", calibration: bool = True, colour: str = "black"
+):
+    """Left: the probe's task average (%) against tokens seen in ``colour``, a band of one binomial standard
+    error, random init's probe as a line (the threshold above it dotted), the references dashed. Right: each
+    task's gap to random init (points), coloured by task. Called again on the same axes with
+    ``calibration=False``, another ``label`` and ``colour``, it adds a second run's curve (dotted, square
+    markers on the right)."""
     import matplotlib.pyplot as plt
 
     if axes is None:
@@ -160,17 +163,18 @@ def plot_probe_curve(results: dict, axes=None, label: str = "pretrained, linear 
     x = [p["tokens_seen"] / 1e6 for p in points]
     ys = [100 * p["average"]["mean"] for p in points]
     noise = [100 * average_noise(p) for p in points]
-    (line,) = left.plot(x, ys, marker="o", label=f"{label} (band: +-1 s.e.)")
-    left.fill_between(x, [y - e for y, e in zip(ys, noise)], [y + e for y, e in zip(ys, noise)], alpha=0.2,
-                      color=line.get_color())  # fmt: skip
+    marker = "o" if calibration else "s"
+    left.plot(x, ys, color=colour, marker=marker, label=f"{label} (band: +-1 s.e.)")
+    left.fill_between(x, [y - e for y, e in zip(ys, noise)], [y + e for y, e in zip(ys, noise)], alpha=0.15,
+                      color=colour)  # fmt: skip
     if calibration:
         control = 100 * results["control"]["average"]["mean"]
         threshold = 100 * results["config"]["threshold"]
         left.axhline(control, color="grey", label=CONTROL)
         left.axhline(control + threshold, color="grey", ls=":", label=f"random init + {threshold:.0f} points")
         references = (results.get("references") or {}).items()
-        for (name, value), color in zip(references, itertools.cycle(("tab:green", "tab:purple", "tab:red"))):
-            left.axhline(100 * value, ls="--", color=color, alpha=0.8, label=name)
+        for (name, value), c in zip(references, itertools.cycle(("tab:cyan", "tab:purple", "tab:olive"))):
+            left.axhline(100 * value, ls="--", color=c, alpha=0.8, label=name)
         right.axhline(0, color="grey", lw=1)
         left.set_xlabel("tokens seen (millions; a checkpoint, not a run of that budget)")
         left.set_ylabel("test accuracy, task average (%)")
@@ -179,10 +183,10 @@ def plot_probe_curve(results: dict, axes=None, label: str = "pretrained, linear 
         left.set_title("linear probe along pretraining", fontsize=10, loc="left")
         right.set_title("per task", fontsize=10, loc="left")
     colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
-    style = "-" if calibration else "--"
-    for task, colour in zip(results["config"]["tasks"], itertools.cycle(colours)):
+    style = "-" if calibration else ":"
+    for task, c in zip(results["config"]["tasks"], itertools.cycle(colours)):
         gaps = [100 * p["gap"]["tasks"][task] for p in points]
-        right.plot(x, gaps, color=colour, ls=style, marker=".", label=f"{task} ({label})")
-    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
-    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below: it hides no point
+        right.plot(x, gaps, color=c, ls=style, marker=marker, ms=4, label=f"{task} ({label})")
+    for ax in axes:  # below the axes, where they hide no point; long handles show the line styles
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, handlelength=3)
     return axes
