@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from .evaluate import task_average
+from .evaluate import summarize, task_average
 
 __all__ = [
     "RECORDED",
@@ -36,9 +36,8 @@ __all__ = [
 ]
 
 RECORDED = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 22's run
-RECORDED_HOUR = RECORDED.with_name(
-    "cramming_study_cpu_60m.json"
-)  # the same protocol after an hour (its controls borrowed)
+# the same protocol after an hour of pretraining (its control rows borrowed from RECORDED's)
+RECORDED_HOUR = RECORDED.with_name("cramming_study_cpu_60m.json")
 _KEYS = ("config", "pretraining", "tasks", "average")
 CALIBRATION = ("majority class", "TF-IDF + logistic regression")
 
@@ -150,16 +149,13 @@ def budget_table(studies: dict[str, dict], pretrained: str = "crammed", control:
         row += f"{s['val_loss']:>7.3f}" + "".join(
             f"{_cell(results['tasks'][t]['models'][pretrained]):>18}" for t in tasks
         )
-        scores = _per_seed_average(results, pretrained)
-        mean = statistics.fmean(scores)
-        spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+        average = summarize(_per_seed_average(results, pretrained))
         h = headline(results, pretrained, control)
-        row += f"{100 * mean:>8.1f} +- {100 * spread:3.1f}{100 * h['gap']:>+9.1f} +- {100 * h['gap_std']:3.1f}"
-        lines.append(row)
-    scores = _per_seed_average(first, control)
-    spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+        row += f"{100 * average['mean']:>8.1f} +- {100 * average['std']:3.1f}"
+        lines.append(row + f"{100 * h['gap']:>+9.1f} +- {100 * h['gap_std']:3.1f}")
+    average = summarize(_per_seed_average(first, control))
     row = f"{control:<39}" + "".join(f"{_cell(first['tasks'][t]['models'][control]):>18}" for t in tasks)
-    lines.append(row + f"{100 * statistics.fmean(scores):>8.1f} +- {100 * spread:3.1f}")
+    lines.append(row + f"{100 * average['mean']:>8.1f} +- {100 * average['std']:3.1f}")
     return "\n".join(lines)
 
 

@@ -24,8 +24,9 @@ first run's tokenizer and shape, not on its pretrained weights, and they cost as
 rows. Two checks guard the reuse: the earlier study's config must equal this one, and the random-init
 linear probe, measured again here (a minute: frozen features and one convex fit), must equal the earlier
 one on every task. That probe reads the tokenizer, the random weights of the shape and the splits, so it
-fails for any of them changed; what it cannot see is a change to the fine-tuning code between the two
-studies (the result file records the borrowing, so the reader knows).
+fails for any of them changed; what it cannot see is the fine-tuning: its code, and its settings other than
+epochs (``finetune.FIXED``, not part of ``StudyConfig``), may not change between the two studies (the result
+file records the borrowing, so the reader knows).
 
 ``--pretrain BUDGET`` pretrains each run folder that does not exist yet with the crammed recipe on
 the corpora that no task's text comes from (``evaluate.check_no_overlap``), deduplicated, with the
@@ -144,16 +145,16 @@ def _check_borrowing(earlier: dict, config: StudyConfig, source) -> None:
         raise ValueError(f"{source} has no results for {', '.join(missing)}")
 
 
-def _borrow(earlier: dict, task: str, measured: dict, source) -> dict:
-    """The earlier study's control rows for ``task``, once the fingerprint measured here repeats its own."""
+def _borrow(earlier: dict, rows: list[str], task: str, measured: dict, source) -> dict:
+    """The earlier study's ``rows`` for ``task``, once the fingerprint measured here repeats its own."""
     theirs, ours = earlier["tasks"][task]["models"][FINGERPRINT]["test"]["mean"], measured["test"]["mean"]
     if abs(theirs - ours) > _TOLERANCE:
         raise ValueError(
             f"{task}: the random-init probe scores {ours:.6f} here and {theirs:.6f} in {source}: another "
             "tokenizer, model shape or split, so its control rows do not apply to this run"
         )
-    rows = earlier["tasks"][task]["models"]
-    return {row: rows[row] | {"borrowed": True} for row in borrowable_rows(earlier)}
+    models = earlier["tasks"][task]["models"]
+    return {row: models[row] | {"borrowed": True} for row in rows}
 
 
 def run_study(
@@ -175,7 +176,8 @@ def run_study(
             raise ValueError(f"a run may not be named like a control row: {', '.join(clash)}")
     results = {"config": asdict(config), "pretraining": {}, "tasks": {}, "average": {}}
     if earlier is not None:
-        results["controls_from"] = {"file": str(controls_from), "rows": borrowable_rows(earlier), "check": FINGERPRINT}
+        rows = borrowable_rows(earlier)
+        results["controls_from"] = {"file": str(controls_from), "rows": rows, "check": FINGERPRINT}
     for name, folder in runs.items():
         summary = Path(folder) / "summary.json"
         results["pretraining"][name] = {
@@ -201,7 +203,7 @@ def run_study(
                     f"{task:<16} {name:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True
                 )
         if earlier is not None:
-            per_model |= _borrow(earlier, task, per_model[FINGERPRINT], controls_from)
+            per_model |= _borrow(earlier, rows, task, per_model[FINGERPRINT], controls_from)
         results["tasks"][task] = {"sizes": splits.sizes(), "models": per_model}
         _write(out, results)
     for name in next(iter(results["tasks"].values()))["models"]:
