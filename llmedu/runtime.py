@@ -97,7 +97,9 @@ def device(prefer: str | None = None) -> torch.device:
     """The device to compute on: ``cuda`` > ``mps`` > ``cpu``.
 
     ``prefer`` (or the ``LLMEDU_DEVICE`` environment variable) forces a choice; asking for a
-    device that is not present is an error, not a quiet fall back to the CPU.
+    device that is not present is an error, not a quiet fall back to the CPU. An accelerator comes
+    with its index (``cuda:0``), as a tensor reports its own, so that ``x.device == device()`` holds
+    and the device can key a dict of per-device figures.
     """
     name = prefer or os.environ.get("LLMEDU_DEVICE")
     if name:
@@ -111,12 +113,19 @@ def device(prefer: str | None = None) -> torch.device:
             raise ValueError(f"unknown device {name!r}: llmedu runs on {', '.join(available)}")
         if not available[kind]:
             raise RuntimeError(f"device {name!r} was requested but is not available on this machine")
-        return torch.device(name)
+        return _indexed(torch.device(name))
     if torch.cuda.is_available():
-        return torch.device("cuda")
+        return _indexed(torch.device("cuda"))
     if torch.backends.mps.is_available():
-        return torch.device("mps")
+        return _indexed(torch.device("mps"))
     return torch.device("cpu")
+
+
+def _indexed(dev: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``, ``mps`` -> ``mps:0``; the CPU and indexed devices as they are."""
+    if dev.index is not None or dev.type == "cpu":
+        return dev
+    return torch.device(dev.type, torch.cuda.current_device() if dev.type == "cuda" else 0)
 
 
 def autocast_dtype(dev: torch.device | str | None = None) -> torch.dtype:

@@ -69,6 +69,18 @@ def test_device_prefers_accelerators():
     assert runtime.device("cpu") == torch.device("cpu")
 
 
+def test_an_accelerator_comes_with_its_index(monkeypatch):
+    # unindexed, torch.device("cuda") != a tensor's cuda:0, and lesson 06 keyed a dict by it (a KeyError on a GPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert runtime.device() == torch.device("cuda", 1)
+    assert runtime.device("cuda") == torch.device("cuda", 1)
+    assert runtime.device("cuda:0") == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert runtime.device() == torch.device("mps", 0)
+
+
 def test_device_refuses_what_is_missing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="not available"):
