@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from llmedu.parallel import WorkerError, launch
+from llmedu.parallel.launch import default_backend
 
 
 @pytest.fixture(autouse=True)
@@ -79,6 +80,22 @@ def test_world_of_one_and_bad_world_sizes():
             launch(lambda: None, bad)
     with pytest.raises(TypeError, match="worker must be a function"):
         launch("not a function", 2)
+
+
+def test_the_backend_fits_the_gpus(monkeypatch):
+    # NCCL cannot put two ranks on one GPU: asked for anyway, a clear error before any process starts
+    gpus = torch.cuda.device_count()
+    with pytest.raises(
+        ValueError, match=f"needs a GPU for each of the {gpus + 1} ranks on this machine, which has {gpus}"
+    ):
+        launch(lambda: None, gpus + 1, backend="nccl")
+    with pytest.raises(ValueError, match="backend must be 'gloo' or 'nccl'"):
+        launch(lambda: None, 2, backend="mpi")
+    # the default: gloo for CPU tensors, with NCCL beside it for CUDA tensors only when each rank has a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert default_backend(2) == "cpu:gloo,cuda:nccl"
+    assert default_backend(3) == "gloo"
 
 
 @pytest.mark.timeout(30)

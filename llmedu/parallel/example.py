@@ -8,7 +8,7 @@ Every rank trains the same byte-level GPT on Shakespeare with its own slice of e
 of the layouts of lessons 10-14: ``ddp`` (our DDP and AdamW), ``zero1``/``zero2``/``zero3`` (our ZeRO),
 or ``3d`` (DP x TP x PP from ``mesh.train_3d``). ``launch`` sees ``torchrun``'s environment and runs
 the worker in place; without it, it starts ``--ranks`` processes itself. The backend is gloo on
-CPUs and NCCL when every rank has a GPU (then each rank trains on ``cuda:LOCAL_RANK``). Rank 0
+CPUs and takes in NCCL when every rank has a GPU (then each rank trains on ``cuda:LOCAL_RANK``). Rank 0
 prints the loss of every step and, last, one line of JSON with the losses.
 
 Left out: checkpoints, a data loader that streams a corpus (every rank draws the same random
@@ -64,7 +64,7 @@ def train(
         return train_3d(config, batches, dp=world // (tp * pp), tp=tp, pp=pp, lr=lr, optimizer="adamw")
     if batch % world:
         raise ValueError(f"the batch of {batch} rows does not split evenly over {world} ranks")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if dist.get_backend() == "nccl" else None
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if "nccl" in dist.get_backend() else None
     torch.manual_seed(0)  # the same initial weights on every rank (DDP and ZeRO also broadcast or shard them)
     model = CausalLM(config).to(device)
     if layout == "ddp":

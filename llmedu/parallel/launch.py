@@ -23,7 +23,9 @@ current process instead of starting new ones::
     if __name__ == "__main__":
         print(launch(worker, 2, steps=10))   # same list on every rank
 
-The backend is NCCL when every rank can have its own GPU, gloo otherwise.
+The backend is gloo, for tensors on the CPU, joined by NCCL for CUDA tensors when every rank on this
+machine can have its own GPU (``"cpu:gloo,cuda:nccl"``): the lessons' workers, which keep their tensors on
+the CPU, then run unchanged on a GPU node, and a worker that moves its tensors to ``cuda:LOCAL_RANK`` gets NCCL.
 
 What happens when something goes wrong (every rank is stopped and reaped before ``launch``
 raises ``WorkerError``, which names the rank to blame):
@@ -111,8 +113,8 @@ def launch(
 
     Inside the worker, ``torch.distributed`` is initialised: ``dist.get_rank()`` and
     ``dist.get_world_size()`` say who it is. Return values travel back pickled, so return CPU
-    tensors or plain Python. ``backend`` is ``"nccl"`` or ``"gloo"`` (default: nccl if there
-    is a GPU per rank). ``timeout`` bounds every collective, in seconds. ``deadline``, if given,
+    tensors or plain Python. ``backend`` is ``"gloo"`` or ``"nccl"`` (default: ``default_backend``, gloo
+    joined by NCCL for CUDA tensors when there is a GPU per rank). ``timeout`` bounds every collective, in seconds. ``deadline``, if given,
     bounds the worker's run, in seconds from when every rank has started (new processes only). ``startup``
     bounds the start of the new processes, up to the moment every rank is ready to join the group. ``echo``
     prints each rank's output prefixed by ``[rank r]``. The names ``backend``, ``timeout``, ``deadline``,
@@ -131,17 +133,29 @@ def launch(
     if backend not in (None, "gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
 
-    if dist.is_initialized() or all(v in os.environ for v in _TORCHRUN_VARS):
-        # torchrun gives each local rank its own GPU (possibly across machines): NCCL if there are GPUs
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    under_torchrun = dist.is_initialized() or all(v in os.environ for v in _TORCHRUN_VARS)
+    # the ranks that share this machine's GPUs: torchrun says how many it started here
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if under_torchrun else world_size
+    if backend == "nccl" and torch.cuda.device_count() < local_ranks:
+        raise ValueError(
+            f"backend='nccl' needs a GPU for each of the {local_ranks} ranks on this machine, which has "
+            f"{torch.cuda.device_count()}: use backend='gloo' (or leave it unset)"
+        )
+    backend = backend or default_backend(local_ranks)
+    if under_torchrun:
         return _run_in_this_process(worker, world_size, args, kwargs, backend, timeout)
-    backend = backend or default_backend(world_size)
     return _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, startup, echo)
 
 
-def default_backend(world_size: int) -> str:
-    """NCCL when this machine has one GPU per rank, else gloo (CPU)."""
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+def default_backend(local_ranks: int) -> str:
+    """gloo for CPU tensors, joined by NCCL for CUDA tensors when each of ``local_ranks`` has its own GPU.
+
+    One group then carries both (``"cpu:gloo,cuda:nccl"``: PyTorch routes each collective by the device
+    of its tensors). NCCL cannot put two ranks on one GPU, so with fewer GPUs than ranks it is gloo alone.
+    """
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks:
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
 
 
 # -- inside torchrun (or inside an initialised world): run here, share the results ------------
@@ -166,7 +180,7 @@ def _run_in_this_process(worker, world_size, args, kwargs, backend, timeout) -> 
 
 def _join_group(backend: str, timeout: float) -> None:
     """``env://`` initialisation from the variables torchrun (or our parent) set."""
-    if backend == "nccl":
+    if "nccl" in backend:  # each rank's CUDA tensors and NCCL's communicator on its own GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
 
