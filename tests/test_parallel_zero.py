@@ -92,6 +92,7 @@ def _train(zero, batches, oracle, loss=nn.functional.mse_loss):
 
 
 def _parity_worker():
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
@@ -124,9 +125,10 @@ def _parity_worker():
 
     # peer, stage 3: FSDP2 (fully_shard on each layer, then the root), on CPU with gloo
     fsdp = copy.deepcopy(base)
+    mesh = init_device_mesh("cpu", (world,))  # its default is one GPU per rank where CUDA is present
     for layer in fsdp.layers:
-        fully_shard(layer)
-    fully_shard(fsdp)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(fsdp, mesh=mesh)
     opt = torch.optim.AdamW(fsdp.parameters(), lr=LR)
     out["fsdp2"] = []
     for (x, y), mine in zip(batches, ours3):

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from llmedu.parallel.compat import ALL_GATHER, REDUCE_SCATTER  # this torch's names of the two
 from llmedu.parallel.cost_model import Link, cluster
 from llmedu.parallel.layout_cost import dp_collectives, step_time, tp_collectives
 from llmedu.parallel.layout_memory import Batch, Layout
@@ -173,7 +174,7 @@ def _count_messages(cfg, sequences, layouts):
     """On every rank: the blocking messages of one step of each layout, by patching torch.distributed."""
     import torch.distributed as dist
 
-    names = ("all_reduce", "reduce_scatter_single", "all_gather_single", "recv")
+    names = ("all_reduce", REDUCE_SCATTER, ALL_GATHER, "recv")
     tokens = torch.randint(0, cfg.vocab_size, (sequences, cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
     rows = []
     for lay in layouts:
@@ -221,7 +222,7 @@ def _count_bytes(cfg, sequences, layouts):
     output, i.e. the full buffer ``cost_model`` prices)."""
     import torch.distributed as dist
 
-    buffer = {"all_reduce": 0, "reduce_scatter_single": 1, "all_gather_single": 0, "recv": 0}
+    buffer = {"all_reduce": 0, REDUCE_SCATTER: 1, ALL_GATHER: 0, "recv": 0}
     tokens = torch.randint(0, cfg.vocab_size, (sequences, cfg.max_seq_len), generator=torch.Generator().manual_seed(0))
     rows = []
     for lay in layouts:
@@ -230,7 +231,7 @@ def _count_bytes(cfg, sequences, layouts):
         sent, originals = collections.defaultdict(list), {n: getattr(dist, n) for n in buffer}
 
         def spy(*a, _n, _f, **k):
-            t = a[buffer[_n]] if len(a) > buffer[_n] else k["input" if _n == "reduce_scatter_single" else "tensor"]
+            t = a[buffer[_n]] if len(a) > buffer[_n] else k["input" if _n == REDUCE_SCATTER else "tensor"]
             sent[_n].append(t.numel() * t.element_size())
             return _f(*a, **k)
 
@@ -266,7 +267,7 @@ def test_the_bytes_the_cost_model_prices_are_what_our_wrappers_send():
         Layout(dp=2, micro_batch=1),  # DDP: one bucket, once a step
     ]
     sent = launch(_count_bytes, 2, cfg, sequences, layouts, echo=False, timeout=120)
-    ops = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter_single", "all_gather": "all_gather_single"}
+    ops = {"all_reduce": "all_reduce", "reduce_scatter": REDUCE_SCATTER, "all_gather": ALL_GATHER}
     for i, lay in enumerate(layouts):
         m = sequences // (lay.dp * lay.micro_batch)
         expected = collections.defaultdict(lambda: [0, 0.0])  # op -> [messages, bytes] in one step

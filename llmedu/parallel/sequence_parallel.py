@@ -55,6 +55,7 @@ from torch import nn
 
 from ..nn.activations import FeedForward
 from ..nn.norms import LayerNorm
+from .compat import all_gather_single, reduce_scatter_single
 from .tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 __all__ = [
@@ -88,7 +89,7 @@ def _all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:  # (B, T/N, ...) ->
     n = dist.get_world_size(group)
     pieces = x.movedim(1, 0).contiguous()  # (T/N, B, ...)
     out = pieces.new_empty((n * pieces.shape[0], *pieces.shape[1:]))  # (T, B, ...), rank r's tokens at r*T/N
-    dist.all_gather_into_tensor(out, pieces, group=group)
+    all_gather_single(out, pieces, group=group)
     return out.movedim(0, 1)  # (B, T, ...)
 
 
@@ -97,7 +98,7 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:  # (B, T, ...) 
     _check_divides(x.shape[1], n)
     full = x.movedim(1, 0).contiguous()  # (T, B, ...)
     out = full.new_empty((full.shape[0] // n, *full.shape[1:]))  # (T/N, B, ...)
-    dist.reduce_scatter_tensor(out, full, group=group)  # the sum over ranks of this rank's tokens
+    reduce_scatter_single(out, full, group=group)  # the sum over ranks of this rank's tokens
     return out.movedim(0, 1)  # (B, T/N, ...)
 
 

@@ -62,6 +62,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..optim import adamw
+from .compat import all_gather_single
 from .zero_unit import Holders, ZeROUnit, assign_parameters
 
 __all__ = ["ZeRO", "ELEMENTWISE_OPTIMIZERS"]
@@ -265,7 +266,7 @@ class ZeRO(nn.Module):
         if self.stage < 3:
             for unit in self.units:  # everyone sends its updated shard and receives the others
                 shard = unit.shard.detach().to(unit.device, self.dtype)  # (from the host, if offloaded)
-                dist.all_gather_single(unit.flat.data, shard, group=self.group)
+                all_gather_single(unit.flat.data, shard, group=self.group)
         for unit in self.units:
             unit.record_versions()  # these changes were ours
         return norm.item()
@@ -288,7 +289,7 @@ class ZeRO(nn.Module):
         out = {}
         for unit in self.units:
             flat = torch.empty(unit.world * unit.shard_size, dtype=torch.float32, device=unit.device)
-            dist.all_gather_single(flat, unit.shard.detach().to(unit.device, torch.float32), group=self.group)
+            all_gather_single(flat, unit.shard.detach().to(unit.device, torch.float32), group=self.group)
             for owner, name, view in unit.views(flat):
                 prefix = names[id(owner)]
                 out[f"{prefix}.{name}" if prefix else name] = view.clone()

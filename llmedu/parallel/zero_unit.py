@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .compat import all_gather_single, reduce_scatter_single
+
 __all__ = ["ZeROUnit", "assign_parameters"]
 
 Holders = list[tuple[nn.Module, str]]  # every (submodule, attribute name) under which one parameter is held
@@ -141,7 +143,7 @@ class ZeROUnit:
     def start_gather(self) -> None:
         if self.gathered is None and self.pending is None:
             flat = torch.empty(self.world * self.shard_size, dtype=self.dtype, device=self.device)
-            work = dist.all_gather_single(flat, self.shard.detach().to(self.dtype), group=self.group, async_op=True)
+            work = all_gather_single(flat, self.shard.detach().to(self.dtype), group=self.group, async_op=True)
             self.pending = (work, flat)
 
     def full(self) -> torch.Tensor:
@@ -176,5 +178,5 @@ class ZeROUnit:
         The result goes where the shard lives: to the host when the optimizer is offloaded.
         """
         shard = torch.empty(self.shard_size, dtype=torch.float32, device=grad_flat.device)
-        dist.reduce_scatter_single(shard, grad_flat.float().contiguous(), group=self.group)
+        reduce_scatter_single(shard, grad_flat.float().contiguous(), group=self.group)
         return shard.div_(self.world).to(self.shard.device)
