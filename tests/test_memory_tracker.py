@@ -191,6 +191,9 @@ def test_bad_input_and_misuse():
         MemoryTracker(torch.nn.Linear(2, 2), optimizer="adam")
     with pytest.raises(ValueError, match="choose one with device="):
         MemoryTracker(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta")))
+    with pytest.raises(ValueError, match="no parameters.*pass device="):  # once counted the CPU on a GPU run
+        MemoryTracker(torch.nn.Module())
+    assert MemoryTracker(torch.nn.Module(), device="meta").device == torch.device("meta")
     mt = MemoryTracker(torch.nn.Linear(2, 2))
     with pytest.raises(RuntimeError, match="has not started"):
         mt.current_by_category()

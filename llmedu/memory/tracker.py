@@ -86,8 +86,8 @@ class MemoryTracker(TorchDispatchMode):
 
     After the block: ``mt.peak_bytes``, ``mt.peak_by_category()``, ``mt.peak_op`` (the op at the
     peak) and ``mt.timeline`` (a ``Sample`` per op). Inside it, ``mt.current_by_category()``.
-    Only storages on ``device`` count, by default the device of the model's parameters: on a GPU,
-    AdamW's step counters, which stay on the CPU, are not GPU memory.
+    Only storages on ``device`` count, by default the device of the model's parameters (a model without
+    parameters must name it): on a GPU, AdamW's step counters, which stay on the CPU, are not GPU memory.
     """
 
     def __init__(
@@ -102,7 +102,9 @@ class MemoryTracker(TorchDispatchMode):
             devices = {p.device for p in model.parameters()}
             if len(devices) > 1:
                 raise ValueError(f"the model's parameters are on {sorted(map(str, devices))}: choose one with device=")
-            device = devices.pop() if devices else torch.device("cpu")
+            if not devices:  # e.g. nn.Module() around a bare function: no parameters say where to look
+                raise ValueError("the model has no parameters to say which device's memory to count: pass device=")
+            device = devices.pop()
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
