@@ -60,5 +60,6 @@ def nearest_code(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     between neighbouring codes lie below it; that count is the index of the nearest code
     (a tie, x exactly on a midpoint, goes to the lower code).
     """
+    code = code.to(x.device)  # the map is built on the CPU; the states may live on a GPU
     midpoints = (code[1:] + code[:-1]) / 2  # (255,) the decision boundaries, sorted like the code
     return torch.bucketize(x, midpoints).to(torch.uint8)  # x's shape, values 0..255
