@@ -12,9 +12,12 @@ reserves for inf/NaN; E5M2 keeps fp16's exponent range, which gradients need, at
 returns float32: the values an fp8 tensor would hold. It matches ``x.to(torch.float8_e4m3fn)`` and
 ``x.to(torch.float8_e5m2)`` bit for bit (tests/test_train_fp8.py), including what they do out of range:
 
-    E4M3  |x| beyond 448, and +-inf, saturate to +-448     (PyTorch's cast; the paper's Sec. 3)
+    E4M3  |x| beyond 448, and +-inf, saturate to +-448     (PyTorch 2.13's cast; the paper's Sec. 3)
     E5M2  |x| >= 61440 (halfway past 57344) becomes +-inf  (IEEE round-to-nearest-even)
     both  NaN stays NaN; a value that rounds to zero keeps its sign (-0.0)
+
+(PyTorch 2.11's E4M3 cast did not saturate: |x| >= 464, halfway past 448, and +-inf became NaN. The OCP
+FP8 specification allows either mode; we keep the saturating one, as Transformer Engine's casts do.)
 
 Eight bits hold so little range that every tensor is multiplied by a *scale* before the cast and
 divided by it after: ``x ~ fp8(x * s) / s``. NVIDIA Transformer Engine's *delayed scaling* takes s
