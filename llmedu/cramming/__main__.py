@@ -1,4 +1,4 @@
-"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,vocab,probe-curve,bench}``: the capstone from the command line.
+"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,vocab,probe-curve,more-seeds,bench}``: the capstone from the command line.
 
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
@@ -10,6 +10,7 @@
     python -m llmedu.cramming scaling --shape tiny --budget 5s --out /tmp/scaling.json     # a smoke run
     python -m llmedu.cramming vocab --budget 3m --out data/results/cramming_vocab_cpu.json  # vocabulary sizes
     python -m llmedu.cramming probe-curve --run runs/crammed --out curve.json  # the probe along a run's checkpoints
+    python -m llmedu.cramming more-seeds --study eval.json --runs crammed=runs/crammed --seeds 3 4 --out eval.json
     python -m llmedu.cramming bench
 
 Progress goes to stderr; the last line of stdout is one line of JSON with the command's key figures.
@@ -30,6 +31,7 @@ from ..data.classification import available_classification
 from .budget_runs import StudyBudget
 from .evaluate import TASKS
 from .finetune import FIXED, SETTINGS, finetune
+from .more_seeds import add_seeds
 from .pretrain import CORPORA, PretrainRun, pretrain
 from .probe_curve import run_probe_curve
 from .probe_curve_report import study_references
@@ -240,6 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-eval", type=int, default=None, help="cap each task's dev and test splits")
     c.add_argument("--resume", action="store_true", help="keep the points of a stopped curve in --out")
     c.add_argument("--device", default=None, help="unused: the probe runs on the CPU")
+
+    m = commands.add_parser(
+        "more-seeds",
+        help="score a finished study's fine-tuned rows with more seeds, at its chosen rates (more_seeds.py)",
+    )
+    m.add_argument("--study", required=True, help="the study's JSON, as evaluate wrote it")
+    m.add_argument("--runs", nargs="+", required=True, help="NAME=FOLDER of each run the study measured")
+    m.add_argument("--seeds", nargs="+", type=int, required=True, help="the seeds to add (not the study's)")
+    m.add_argument("--out", required=True, help="where to write the study with the seeds added (may be --study)")
 
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
@@ -468,6 +479,10 @@ def main(argv: list[str] | None = None) -> dict:
         result = _vocab(args, device, parser, argv)
     elif args.command == "probe-curve":
         result = _probe_curve(args)
+    elif args.command == "more-seeds":
+        runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
+        study = add_seeds(args.study, runs, args.seeds, out=args.out)
+        result = {"out": args.out, "average": {k: round(v["mean"], 4) for k, v in study["average"].items()}}
     else:
         result = _bench(args)
     print(json.dumps(result), flush=True)

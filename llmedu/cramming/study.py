@@ -49,7 +49,7 @@ from .finetune import FIXED
 from .pretrain import CORPORA, PretrainRun, held_out_chars, load_run, pretrain
 from .report import load_study
 
-__all__ = ["StudyConfig", "run_study", "pretrain_for_study", "unigram_line", "borrowable_rows"]
+__all__ = ["StudyConfig", "run_study", "pretrain_for_study", "unigram_line", "borrowable_rows", "check_fingerprint"]
 
 FINGERPRINT = "random init, linear probe"  # measured again by a study that borrows the other controls
 _TOLERANCE = 1e-6  # the fingerprint must repeat exactly: the same features and a convex fit from zero
@@ -145,14 +145,19 @@ def _check_borrowing(earlier: dict, config: StudyConfig, source) -> None:
         raise ValueError(f"{source} has no results for {', '.join(missing)}")
 
 
-def _borrow(earlier: dict, rows: list[str], task: str, measured: dict, source) -> dict:
-    """The earlier study's ``rows`` for ``task``, once the fingerprint measured here repeats its own."""
-    theirs, ours = earlier["tasks"][task]["models"][FINGERPRINT]["test"]["mean"], measured["test"]["mean"]
+def check_fingerprint(earlier: dict, task: str, ours: float, source) -> None:
+    """The random-init probe's test score on ``task``, measured here, must repeat the one in ``earlier``."""
+    theirs = earlier["tasks"][task]["models"][FINGERPRINT]["test"]["mean"]
     if abs(theirs - ours) > _TOLERANCE:
         raise ValueError(
             f"{task}: the random-init probe scores {ours:.6f} here and {theirs:.6f} in {source}: another "
-            "tokenizer, model shape or split, so its control rows do not apply to this run"
+            "tokenizer, model shape or split, so its rows do not apply to this run"
         )
+
+
+def _borrow(earlier: dict, rows: list[str], task: str, measured: dict, source) -> dict:
+    """The earlier study's ``rows`` for ``task``, once the fingerprint measured here repeats its own."""
+    check_fingerprint(earlier, task, measured["test"]["mean"], source)
     models = earlier["tasks"][task]["models"]
     return {row: models[row] | {"borrowed": True} for row in rows}
 

@@ -1,0 +1,101 @@
+"""More test seeds for a finished study's fine-tuned rows, at the rates its dev sweep chose.
+
+    python -m llmedu.cramming more-seeds --study study.json --runs crammed=runs/crammed --seeds 3 4 --out study.json
+
+Three seeds leave a gap of a few points hard to read: lesson 22's hour gave +3.8 +- 3.0 points over 3 seeds
+(p about 0.16 with 2 degrees of freedom), half of it from one run of the control. More seeds narrow the
+spread without a second look at the dev split: each fine-tuned row keeps the rate that dev chose
+(``evaluate.protocol``'s first step), each new seed trains on the same train split and is scored on the same
+test split, and its score joins the row's ``test.scores``; the task averages are computed again. Nothing else
+changes: the linear probes and the baselines are deterministic (their one score stands for every seed), the
+label-efficiency curves keep the seeds they were run with, and ``config`` keeps the protocol as it was run.
+``added_seeds`` in the file says which seeds were added, to which rows, in how long.
+
+The runs must be the ones the study measured. Each folder's ``summary.json`` must equal the study's record
+of it, and the random-init linear probe, measured again (deterministic: frozen features and a convex fit),
+must repeat the study's on every task, as ``study.py`` checks before borrowing rows: the same tokenizer,
+shape and splits. Rows the study borrowed from another study (``--controls-from``) take their new scores from
+that study, which must hold the same seeds already, its earlier scores equal to these.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .evaluate import make_splits, summarize, task_average
+from .report import load_study
+from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint
+
+__all__ = ["add_seeds"]
+
+
+def _config(study: dict) -> StudyConfig:
+    return StudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in study["config"].items()})
+
+
+def _check_runs(study: dict, runs: dict[str, str]) -> None:
+    measured = list(study["pretraining"])
+    if sorted(runs) != sorted(measured):
+        raise ValueError(f"the study measured the runs {measured}; give exactly those (got {list(runs)})")
+    for name, folder in runs.items():
+        summary = Path(folder) / "summary.json"
+        if not summary.is_file() or json.loads(summary.read_text()) != study["pretraining"][name]["summary"]:
+            raise ValueError(f"{folder} is not the run the study measured as {name!r}: its summary.json differs")
+
+
+def add_seeds(study_file, runs: dict[str, str], seeds: Sequence[int], out=None, progress: bool = True) -> dict:
+    """Score every fine-tuned row of ``study_file`` with ``seeds`` too; write ``out`` (JSON) after every task."""
+    study = load_study(study_file)
+    config, seeds = _config(study), [int(s) for s in seeds]
+    before = study.get("added_seeds", {"seeds": [], "seconds": {}})  # seeds added by an earlier call
+    done = list(config.seeds) + before["seeds"]
+    if not seeds or len(set(seeds)) != len(seeds) or set(seeds) & set(done):
+        raise ValueError(f"give new seeds, each once; the study already has {done}, got {seeds}")
+    _check_runs(study, runs)
+    ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
+    borrowed = study.get("controls_from", {}).get("rows", [])
+    source = load_study(study["controls_from"]["file"]) if borrowed else None
+    models = _models(ordered, config, controls=not borrowed)
+    first_task = next(iter(study["tasks"].values()))["models"]
+    tuned = [row for row, result in first_task.items() if result["lr"] is not None]  # the rows with a rate
+    record = {"seeds": before["seeds"] + seeds, "rows": tuned, "seconds": dict(before["seconds"])}
+    for task, entry in study["tasks"].items():
+        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
+        check_fingerprint(study, task, probe, study_file)
+        start = time.perf_counter()
+        for row in tuned:
+            result = entry["models"][row]
+            old = result["test"]["scores"]
+            if row in borrowed:
+                theirs = source["tasks"][task]["models"][row]["test"]["scores"]
+                their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", [])
+                if theirs[: len(old)] != old or their_seeds[: len(done) + len(seeds)] != done + seeds:
+                    raise ValueError(
+                        f"{task}, {row}: borrowed from {study['controls_from']['file']}, which does not hold "
+                        f"seeds {seeds} after these scores: add them there first"
+                    )
+                new = theirs[len(old) : len(old) + len(seeds)]
+            else:
+                scorer = models[row][0]
+                new = [scorer(splits.train, splits.test, result["lr"], s) for s in seeds]
+            result["test"] = summarize(old + new)
+            if progress:
+                t = result["test"]
+                print(f"{task:<16} {row:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True)
+        record["seconds"][task] = round(record["seconds"].get(task, 0.0) + time.perf_counter() - start, 1)
+        study["added_seeds"] = record
+        _write(out, study)
+    for row in tuned:
+        study["average"][row] = task_average({t: e["models"][row] for t, e in study["tasks"].items()})
+    _write(out, study)
+    return study
+
+
+def _write(out, study: dict) -> None:
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(study, indent=1))
