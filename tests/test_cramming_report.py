@@ -77,8 +77,14 @@ def test_headline_is_the_per_seed_gap_of_the_task_averages():
     assert h["gap_per_seed"] == pytest.approx([0.1, 0.1, 0.2])
     assert h["gap"] == pytest.approx(0.4 / 3) and h["gap_std"] == pytest.approx(math.sqrt(0.01 / 3))
     assert h["crammed"] == pytest.approx(2.15 / 3) and h["tasks"] == ["a", "b"]
+    assert h["paired"]["mean"] == h["gap"] and h["paired"]["dof"] == 2  # the t-test of those three gaps
     with pytest.raises(KeyError, match="no model 'MiniLM-L6'"):
         headline(STUDY, pretrained="MiniLM-L6")
+    unpaired = json.loads(json.dumps(STUDY))
+    for task in unpaired["tasks"].values():
+        task["models"]["crammed"]["test"]["scores"].append(0.7)  # a seed added to one row only
+    with pytest.raises(ValueError, match="'crammed' has 4 seeds and 'random init' 3"):
+        headline(unpaired)
 
 
 def test_tables_show_every_model_and_the_chosen_rate():

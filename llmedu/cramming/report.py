@@ -23,6 +23,7 @@ import statistics
 from pathlib import Path
 
 from .evaluate import summarize, task_average
+from .significance import paired_gap
 
 __all__ = [
     "RECORDED",
@@ -88,8 +89,11 @@ def _per_seed_average(results: dict, model: str) -> list[float]:
 
 
 def headline(results: dict, pretrained: str = "crammed", control: str = "random init") -> dict:
-    """Task average of ``pretrained`` minus ``control``, per seed (both at their dev-chosen rates)."""
+    """Task average of ``pretrained`` minus ``control``, per seed (both at their dev-chosen rates), and the
+    paired t-test of those gaps (``significance.paired_gap``; None with one seed)."""
     ours, theirs = _per_seed_average(results, pretrained), _per_seed_average(results, control)
+    if len(ours) != len(theirs):
+        raise ValueError(f"{pretrained!r} has {len(ours)} seeds and {control!r} {len(theirs)}: pair them first")
     gaps = [a - b for a, b in zip(ours, theirs)]
     return {
         "tasks": list(results["tasks"]),
@@ -98,6 +102,7 @@ def headline(results: dict, pretrained: str = "crammed", control: str = "random 
         "gap_per_seed": gaps,
         "gap": statistics.fmean(gaps),
         "gap_std": statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
+        "paired": paired_gap(gaps) if len(gaps) > 1 else None,
     }
 
 
