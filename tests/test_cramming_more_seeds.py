@@ -50,6 +50,13 @@ def test_added_seeds_score_what_a_study_with_them_scores(tiny_run, tmp_path, see
     probe = added["tasks"]["bbc_news"]["models"]["crammed, linear probe"]["test"]["scores"]
     assert len(probe) == 1  # deterministic rows keep their one score
     assert json.loads((tmp_path / "added.json").read_text()) == added
+    from llmedu.cramming.__main__ import main  # the same from the command line
+
+    cli = main(["more-seeds", "--study", str(tmp_path / "one.json"), "--runs", f"crammed={tiny_run}", "--seeds", "1",
+                "2", "--out", str(tmp_path / "cli.json")])  # fmt: skip
+    from_cli = json.loads((tmp_path / "cli.json").read_text())
+    assert from_cli["added_seeds"].pop("seconds") and added["added_seeds"].pop("seconds")  # timings differ
+    assert from_cli == added and cli["out"] == str(tmp_path / "cli.json")
     with pytest.raises(ValueError, match=r"already has \[0, 1, 2\], got \[2, 3\]"):
         add_seeds(tmp_path / "added.json", {"crammed": tiny_run}, [2, 3], progress=False)
 
