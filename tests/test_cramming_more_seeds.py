@@ -68,8 +68,15 @@ def test_a_borrowing_study_takes_its_controls_new_seeds_from_their_source(tiny_r
     )
     with pytest.raises(ValueError, match="random init: borrowed from .*first.json.*add them there first"):
         add_seeds(tmp_path / "second.json", {"again": tiny_run}, [1], progress=False)
-    first = add_seeds(tmp_path / "first.json", {"crammed": tiny_run}, [1], out=tmp_path / "first.json", progress=False)
-    second = add_seeds(tmp_path / "second.json", {"again": tiny_run}, [1], progress=False)
+    first = add_seeds(
+        tmp_path / "first.json", {"crammed": tiny_run}, [1], out=tmp_path / "first+1.json", progress=False
+    )
+    with pytest.raises(ValueError, match="first.json, which does not hold seeds"):  # the recorded source: still seed 0
+        add_seeds(tmp_path / "second.json", {"again": tiny_run}, [1], progress=False)
+    second = add_seeds(
+        tmp_path / "second.json", {"again": tiny_run}, [1], progress=False, controls_from=tmp_path / "first+1.json"
+    )
+    assert second["added_seeds"]["controls_from"] == str(tmp_path / "first+1.json")
     then, now = first["tasks"]["bbc_news"]["models"], second["tasks"]["bbc_news"]["models"]
     assert now["random init"]["test"] == then["random init"]["test"]  # taken over, not trained again
     assert now["again"]["test"] == then["crammed"]["test"]  # same weights, same seeds: trained again, same scores

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = _probe_curve(args)
     elif args.command == "more-seeds":
         runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
-        study = add_seeds(args.study, runs, args.seeds, out=args.out)
+        study = add_seeds(args.study, runs, args.seeds, out=args.out, controls_from=args.controls_from)
         result = {"out": args.out, "average": {k: round(v["mean"], 4) for k, v in study["average"].items()}}
     else:
         result = _bench(args)

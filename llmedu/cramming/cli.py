@@ -243,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--runs", nargs="+", required=True, help="NAME=FOLDER of each run the study measured")
     m.add_argument("--seeds", nargs="+", type=int, required=True, help="the seeds to add (not the study's)")
     m.add_argument("--out", required=True, help="where to write the study with the seeds added (may be --study)")
+    m.add_argument(
+        "--controls-from", default=None, help="the study holding the borrowed rows' new seeds (default: as recorded)"
+    )
     m.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
 
     b = commands.add_parser(

@@ -15,7 +15,8 @@ The runs must be the ones the study measured. Each folder's ``summary.json`` mus
 of it, and the random-init linear probe, measured again (deterministic: frozen features and a convex fit),
 must repeat the study's on every task, as ``study.py`` checks before borrowing rows: the same tokenizer,
 shape and splits. Rows the study borrowed from another study (``--controls-from``) take their new scores from
-that study, which must hold the same seeds already, its earlier scores equal to these.
+that study (or from the copy ``controls_from`` names), which must hold the same seeds already, its earlier
+scores equal to these.
 """
 
 from __future__ import annotations
@@ -46,8 +47,12 @@ def _check_runs(study: dict, runs: dict[str, str]) -> None:
             raise ValueError(f"{folder} is not the run the study measured as {name!r}: its summary.json differs")
 
 
-def add_seeds(study_file, runs: dict[str, str], seeds: Sequence[int], out=None, progress: bool = True) -> dict:
-    """Score every fine-tuned row of ``study_file`` with ``seeds`` too; write ``out`` (JSON) after every task."""
+def add_seeds(
+    study_file, runs: dict[str, str], seeds: Sequence[int], out=None, progress: bool = True, controls_from=None
+) -> dict:
+    """Score every fine-tuned row of ``study_file`` with ``seeds`` too; write ``out`` (JSON) after every task.
+    ``controls_from``: where borrowed rows find their new seeds (default: the study they were borrowed from,
+    as recorded; name another file when the seeds were added to a copy of it)."""
     study = load_study(study_file)
     config, seeds = _config(study), [int(s) for s in seeds]
     before = study.get("added_seeds", {"seeds": [], "seconds": {}})  # seeds added by an earlier call
@@ -57,11 +62,14 @@ def add_seeds(study_file, runs: dict[str, str], seeds: Sequence[int], out=None, 
     _check_runs(study, runs)
     ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
     borrowed = study.get("controls_from", {}).get("rows", [])
-    source = load_study(study["controls_from"]["file"]) if borrowed else None
+    source_file = (controls_from or study["controls_from"]["file"]) if borrowed else None
+    source = load_study(source_file) if borrowed else None
     models = _models(ordered, config, controls=not borrowed)
     first_task = next(iter(study["tasks"].values()))["models"]
     tuned = [row for row, result in first_task.items() if result["lr"] is not None]  # the rows with a rate
     record = {"seeds": before["seeds"] + seeds, "rows": tuned, "seconds": dict(before["seconds"])}
+    if borrowed:
+        record["controls_from"] = str(source_file)
     for task, entry in study["tasks"].items():
         splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
         probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
@@ -75,7 +83,7 @@ def add_seeds(study_file, runs: dict[str, str], seeds: Sequence[int], out=None, 
                 their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", [])
                 if theirs[: len(old)] != old or their_seeds[: len(done) + len(seeds)] != done + seeds:
                     raise ValueError(
-                        f"{task}, {row}: borrowed from {study['controls_from']['file']}, which does not hold "
+                        f"{task}, {row}: borrowed from {source_file}, which does not hold "
                         f"seeds {seeds} after these scores: add them there first"
                     )
                 new = theirs[len(old) : len(old) + len(seeds)]

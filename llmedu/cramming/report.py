@@ -27,6 +27,7 @@ from .significance import paired_gap
 
 __all__ = [
     "RECORDED",
+    "RECORDED_FIVE_SEEDS",
     "load_study",
     "headline",
     "task_table",
@@ -39,6 +40,11 @@ __all__ = [
 RECORDED = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 22's run
 # the same protocol after an hour of pretraining (its control rows borrowed from RECORDED's)
 RECORDED_HOUR = RECORDED.with_name("cramming_study_cpu_60m.json")
+# both, with seeds 3 and 4 added to their fine-tuned rows (more_seeds.py; the control's new seeds measured once)
+RECORDED_FIVE_SEEDS = {
+    "30 min": RECORDED.with_name("cramming_study_cpu_30m_5seeds.json"),
+    "60 min": RECORDED.with_name("cramming_study_cpu_60m_5seeds.json"),
+}
 _KEYS = ("config", "pretraining", "tasks", "average")
 CALIBRATION = ("majority class", "TF-IDF + logistic regression")
 
