@@ -97,3 +97,30 @@ def test_the_runs_must_be_the_studys_own(tiny_run, tmp_path):
     (tmp_path / "moved.json").write_text(json.dumps(moved))
     with pytest.raises(ValueError, match="random-init probe scores"):
         add_seeds(tmp_path / "moved.json", {"crammed": tiny_run}, [1], progress=False)
+
+
+def test_the_recorded_five_seed_studies_extend_the_three_seed_ones():
+    """Lesson 22's five-seed files: the first three seeds and everything else are the recorded studies', the
+    hour's control is the half-hour's (borrowed), and the gaps read as the lesson says."""
+    from llmedu.cramming.report import RECORDED, RECORDED_FIVE_SEEDS, RECORDED_HOUR, headline, load_study
+
+    for three, five in ((RECORDED, RECORDED_FIVE_SEEDS["30 min"]), (RECORDED_HOUR, RECORDED_FIVE_SEEDS["60 min"])):
+        before, after = load_study(three), load_study(five)
+        assert after["added_seeds"]["seeds"] == [3, 4] and after["added_seeds"]["rows"] == ["crammed", "random init"]
+        for task, entry in before["tasks"].items():
+            for row, result in entry["models"].items():
+                extended = after["tasks"][task]["models"][row]
+                assert {k: v for k, v in extended.items() if k != "test"} == {
+                    k: v for k, v in result.items() if k != "test"
+                }
+                n = 5 if row in after["added_seeds"]["rows"] else 3
+                assert (
+                    extended["test"]["scores"][:3] == result["test"]["scores"] and len(extended["test"]["scores"]) == n
+                )
+    half, hour = (load_study(RECORDED_FIVE_SEEDS[k]) for k in ("30 min", "60 min"))
+    for task in half["tasks"]:
+        assert (
+            hour["tasks"][task]["models"]["random init"]["test"] == half["tasks"][task]["models"]["random init"]["test"]
+        )
+    paired = headline(hour)["paired"]
+    assert paired["dof"] == 4 and 0.01 < paired["p"] < 0.02 and paired["interval95"][0] < 0.03 < paired["interval95"][1]
