@@ -58,7 +58,7 @@ def peak_bytes(fn, q, k, v, dev) -> int:
         step(fn, q, k, v)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base + 3 * q.nbytes  # inputs counted, as on CPU
-    with MemoryTracker(torch.nn.Module()) as tracker:
+    with MemoryTracker(torch.nn.Module(), device=q.device) as tracker:
         step(fn, q, k, v)
     return tracker.peak_bytes
 
@@ -150,7 +150,7 @@ def paged_decode(
             with Timer("cpu") as t:
                 outputs[name] = fn(q, k_pool, v_pool, tables, lengths)
             times.append(t.seconds)
-        with MemoryTracker(torch.nn.Module()) as tracker:
+        with MemoryTracker(torch.nn.Module(), device=q.device) as tracker:
             fn(q, k_pool, v_pool, tables, lengths)
         results[name] = {
             "peak_mib": tracker.peak_bytes / 2**20,

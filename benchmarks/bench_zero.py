@@ -31,10 +31,13 @@ WRAPPERS = ("ddp", "zero1", "zero2", "zero3", "offload")
 
 
 def count_bytes_sent() -> dict[str, int]:
-    """Wrap dist.all_reduce / all_gather_single / reduce_scatter_single to count bytes sent per rank."""
+    """Wrap dist.all_reduce and the whole-tensor all-gather and reduce-scatter (under this torch's names:
+    llmedu.parallel.compat) to count bytes sent per rank."""
+    from llmedu.parallel.compat import ALL_GATHER, REDUCE_SCATTER
+
     sent = {"bytes": 0}
     world = dist.get_world_size()
-    originals = {n: getattr(dist, n) for n in ("all_reduce", "all_gather_single", "reduce_scatter_single")}
+    originals = {n: getattr(dist, n) for n in ("all_reduce", ALL_GATHER, REDUCE_SCATTER)}
 
     def wrap(name, full_arg):
         def counted(*args, **kwargs):
@@ -45,9 +48,8 @@ def count_bytes_sent() -> dict[str, int]:
 
         return counted
 
-    dist.all_reduce = wrap("all_reduce", 0)
-    dist.all_gather_single = wrap("all_gather_single", 0)
-    dist.reduce_scatter_single = wrap("reduce_scatter_single", 1)
+    for name, full_arg in (("all_reduce", 0), (ALL_GATHER, 0), (REDUCE_SCATTER, 1)):
+        setattr(dist, name, wrap(name, full_arg))
     return sent
 
 

@@ -46,3 +46,16 @@ def make_tiny_llama():
         return LlamaForCausalLM(config).eval()
 
     return make
+
+
+@pytest.fixture(scope="module")
+def tiny_cramming_run(tmp_path_factory):
+    """Three optimizer steps of the capstone's tiny shape on 20,000 characters of one corpus: a pretraining run
+    folder (run.json, tokenizer, checkpoint, summary) for the study and more-seeds tests, one per test module."""
+    from llmedu.cramming.pretrain import PretrainRun, pretrain
+    from llmedu.cramming.recipe import TINY_SHAPE, crammed
+
+    out = tmp_path_factory.mktemp("run") / "crammed"
+    run = PretrainRun(crammed(**{**TINY_SHAPE, "micro_batch": 8}), None, max_steps=3, corpora=["kjv"], max_chars=20_000)
+    pretrain(out, run, tokenizer_chars=30_000, progress=False, eval_batches=1)
+    return out

@@ -22,8 +22,6 @@ from llmedu.cramming.evaluate import (
     task_average,
 )
 from llmedu.cramming.finetune import FinetuneSettings
-from llmedu.cramming.pretrain import PretrainRun, pretrain
-from llmedu.cramming.recipe import TINY_SHAPE, crammed
 from llmedu.cramming.study import StudyConfig
 
 TOY = Data(tuple(f"text {i}" for i in range(100)), tuple(i % 3 for i in range(100)))
@@ -182,16 +180,8 @@ def test_unigram_cross_entropy_by_hand():
         unigram_cross_entropy(train, held, 4, [0, 1])
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "crammed"
-    run = PretrainRun(crammed(**{**TINY_SHAPE, "micro_batch": 8}), None, max_steps=3, corpora=["kjv"], max_chars=20_000)
-    pretrain(out, run, tokenizer_chars=30_000, progress=False, eval_batches=1)
-    return out
-
-
-def test_the_linear_probe_leaves_the_encoder_unchanged(tiny_run):
-    features, encoder = encoder_features(tiny_run)
+def test_the_linear_probe_leaves_the_encoder_unchanged(tiny_cramming_run):
+    features, encoder = encoder_features(tiny_cramming_run)
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
     splits = split_data(TOY, TOY_TEST, seed=0)
     score = probe_scorer(features)
@@ -202,7 +192,7 @@ def test_the_linear_probe_leaves_the_encoder_unchanged(tiny_run):
     assert score(splits.train, splits.test, None, 1) == accuracy  # convex, from zero: no seed dependence
 
 
-def test_fine_tuning_depends_on_the_seed_and_repeats_given_it(tiny_run, monkeypatch):
+def test_fine_tuning_depends_on_the_seed_and_repeats_given_it(tiny_cramming_run, monkeypatch):
     """The score is read from the fine-tuned weights (a sum over them), not the accuracy: a tiny model may
     answer one class for every seed, which would hide a seed that changes nothing."""
     import llmedu.cramming.encoders as encoders
@@ -220,7 +210,7 @@ def test_fine_tuning_depends_on_the_seed_and_repeats_given_it(tiny_run, monkeypa
     )
     settings = FinetuneSettings(epochs=1, batch_size=8)
     for from_scratch in (True, False):
-        score = finetune_scorer(tiny_run, from_scratch=from_scratch, settings=settings)
+        score = finetune_scorer(tiny_cramming_run, from_scratch=from_scratch, settings=settings)
         first = [score(splits.train, splits.test, 4e-4, seed) for seed in (0, 1)]
         # exact: the same seed must give the same weights (fp32 on a CPU, one thread order)
         assert [score(splits.train, splits.test, 4e-4, seed) for seed in (0, 1)] == first
@@ -272,16 +262,16 @@ def test_the_evaluation_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     )
 
 
-def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_repeats(tiny_run, tmp_path):
+def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_repeats(tiny_cramming_run, tmp_path):
     """The control rows are reused, not measured again, and each way the reuse could be wrong is refused:
     another protocol, another tokenizer/shape/split (injected by moving the fingerprint), a name clash."""
     from llmedu.cramming.study import FINGERPRINT, run_study
 
     config = StudyConfig(tasks=("bbc_news",), lrs=(4e-4,), seeds=(0,), label_sizes=(), epochs=1, max_train=32,
                          max_eval=16, minilm=False)  # fmt: skip
-    first = run_study({"crammed": tiny_run}, config, out=tmp_path / "first.json", progress=False)
+    first = run_study({"crammed": tiny_cramming_run}, config, out=tmp_path / "first.json", progress=False)
     second = run_study(
-        {"crammed again": tiny_run},
+        {"crammed again": tiny_cramming_run},
         config,
         out=tmp_path / "second.json",
         progress=False,
@@ -298,11 +288,13 @@ def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_r
     assert set(second["average"]) == set(now)
 
     with pytest.raises(ValueError, match="another protocol.*seeds"):
-        run_study({"c": tiny_run}, replace(config, seeds=(1,)), progress=False, controls_from=tmp_path / "first.json")
+        run_study(
+            {"c": tiny_cramming_run}, replace(config, seeds=(1,)), progress=False, controls_from=tmp_path / "first.json"
+        )
     with pytest.raises(ValueError, match="may not be named like a control"):
-        run_study({"random init": tiny_run}, config, progress=False, controls_from=tmp_path / "first.json")
+        run_study({"random init": tiny_cramming_run}, config, progress=False, controls_from=tmp_path / "first.json")
     moved = json.loads((tmp_path / "first.json").read_text())
     moved["tasks"]["bbc_news"]["models"][FINGERPRINT]["test"]["mean"] += 0.01
     (tmp_path / "moved.json").write_text(json.dumps(moved))
     with pytest.raises(ValueError, match="random-init probe scores"):
-        run_study({"c": tiny_run}, config, progress=False, controls_from=tmp_path / "moved.json")
+        run_study({"c": tiny_cramming_run}, config, progress=False, controls_from=tmp_path / "moved.json")

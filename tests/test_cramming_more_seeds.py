@@ -7,20 +7,10 @@ from dataclasses import replace
 import pytest
 
 from llmedu.cramming.more_seeds import add_seeds
-from llmedu.cramming.pretrain import PretrainRun, pretrain
-from llmedu.cramming.recipe import TINY_SHAPE, crammed
 from llmedu.cramming.study import FINGERPRINT, StudyConfig, run_study
 
 CONFIG = StudyConfig(tasks=("bbc_news",), lrs=(4e-4,), seeds=(0,), label_sizes=(), epochs=1, max_train=32,
                      max_eval=16, minilm=False)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "crammed"
-    run = PretrainRun(crammed(**{**TINY_SHAPE, "micro_batch": 8}), None, max_steps=3, corpora=["kjv"], max_chars=20_000)
-    pretrain(out, run, tokenizer_chars=30_000, progress=False, eval_batches=1)
-    return out
 
 
 @pytest.fixture
@@ -34,10 +24,12 @@ def seed_dependent_scores(monkeypatch):
     )
 
 
-def test_added_seeds_score_what_a_study_with_them_scores(tiny_run, tmp_path, seed_dependent_scores):
-    run_study({"crammed": tiny_run}, CONFIG, out=tmp_path / "one.json", progress=False)
-    added = add_seeds(tmp_path / "one.json", {"crammed": tiny_run}, [1, 2], out=tmp_path / "added.json", progress=False)
-    whole = run_study({"crammed": tiny_run}, replace(CONFIG, seeds=(0, 1, 2)), progress=False)
+def test_added_seeds_score_what_a_study_with_them_scores(tiny_cramming_run, tmp_path, seed_dependent_scores):
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "one.json", progress=False)
+    added = add_seeds(
+        tmp_path / "one.json", {"crammed": tiny_cramming_run}, [1, 2], out=tmp_path / "added.json", progress=False
+    )
+    whole = run_study({"crammed": tiny_cramming_run}, replace(CONFIG, seeds=(0, 1, 2)), progress=False)
     rows = added["added_seeds"]["rows"]
     assert rows == ["crammed", "random init"] and added["added_seeds"]["seeds"] == [1, 2]
     for row in rows:
@@ -52,29 +44,39 @@ def test_added_seeds_score_what_a_study_with_them_scores(tiny_run, tmp_path, see
     assert json.loads((tmp_path / "added.json").read_text()) == added
     from llmedu.cramming.__main__ import main  # the same from the command line
 
-    cli = main(["more-seeds", "--study", str(tmp_path / "one.json"), "--runs", f"crammed={tiny_run}", "--seeds", "1",
+    cli = main(["more-seeds", "--study", str(tmp_path / "one.json"), "--runs", f"crammed={tiny_cramming_run}", "--seeds", "1",
                 "2", "--out", str(tmp_path / "cli.json")])  # fmt: skip
     from_cli = json.loads((tmp_path / "cli.json").read_text())
     assert from_cli["added_seeds"].pop("seconds") and added["added_seeds"].pop("seconds")  # timings differ
     assert from_cli == added and cli["out"] == str(tmp_path / "cli.json")
     with pytest.raises(ValueError, match=r"already has \[0, 1, 2\], got \[2, 3\]"):
-        add_seeds(tmp_path / "added.json", {"crammed": tiny_run}, [2, 3], progress=False)
+        add_seeds(tmp_path / "added.json", {"crammed": tiny_cramming_run}, [2, 3], progress=False)
 
 
-def test_a_borrowing_study_takes_its_controls_new_seeds_from_their_source(tiny_run, tmp_path, seed_dependent_scores):
-    run_study({"crammed": tiny_run}, CONFIG, out=tmp_path / "first.json", progress=False)
+def test_a_borrowing_study_takes_its_controls_new_seeds_from_their_source(
+    tiny_cramming_run, tmp_path, seed_dependent_scores
+):
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "first.json", progress=False)
     run_study(
-        {"again": tiny_run}, CONFIG, out=tmp_path / "second.json", progress=False, controls_from=tmp_path / "first.json"
+        {"again": tiny_cramming_run},
+        CONFIG,
+        out=tmp_path / "second.json",
+        progress=False,
+        controls_from=tmp_path / "first.json",
     )
     with pytest.raises(ValueError, match="random init: borrowed from .*first.json.*add them there first"):
-        add_seeds(tmp_path / "second.json", {"again": tiny_run}, [1], progress=False)
+        add_seeds(tmp_path / "second.json", {"again": tiny_cramming_run}, [1], progress=False)
     first = add_seeds(
-        tmp_path / "first.json", {"crammed": tiny_run}, [1], out=tmp_path / "first+1.json", progress=False
+        tmp_path / "first.json", {"crammed": tiny_cramming_run}, [1], out=tmp_path / "first+1.json", progress=False
     )
     with pytest.raises(ValueError, match="first.json, which does not hold seeds"):  # the recorded source: still seed 0
-        add_seeds(tmp_path / "second.json", {"again": tiny_run}, [1], progress=False)
+        add_seeds(tmp_path / "second.json", {"again": tiny_cramming_run}, [1], progress=False)
     second = add_seeds(
-        tmp_path / "second.json", {"again": tiny_run}, [1], progress=False, controls_from=tmp_path / "first+1.json"
+        tmp_path / "second.json",
+        {"again": tiny_cramming_run},
+        [1],
+        progress=False,
+        controls_from=tmp_path / "first+1.json",
     )
     assert second["added_seeds"]["controls_from"] == str(tmp_path / "first+1.json")
     then, now = first["tasks"]["bbc_news"]["models"], second["tasks"]["bbc_news"]["models"]
@@ -82,12 +84,12 @@ def test_a_borrowing_study_takes_its_controls_new_seeds_from_their_source(tiny_r
     assert now["again"]["test"] == then["crammed"]["test"]  # same weights, same seeds: trained again, same scores
 
 
-def test_the_runs_must_be_the_studys_own(tiny_run, tmp_path):
-    run_study({"crammed": tiny_run}, CONFIG, out=tmp_path / "one.json", progress=False)
+def test_the_runs_must_be_the_studys_own(tiny_cramming_run, tmp_path):
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "one.json", progress=False)
     with pytest.raises(ValueError, match="give exactly those"):
-        add_seeds(tmp_path / "one.json", {"other": tiny_run}, [1], progress=False)
+        add_seeds(tmp_path / "one.json", {"other": tiny_cramming_run}, [1], progress=False)
     other = tmp_path / "other"
-    shutil.copytree(tiny_run, other)
+    shutil.copytree(tiny_cramming_run, other)
     summary = json.loads((other / "summary.json").read_text())
     (other / "summary.json").write_text(json.dumps(summary | {"steps": summary["steps"] + 1}))
     with pytest.raises(ValueError, match="not the run the study measured"):
@@ -96,7 +98,7 @@ def test_the_runs_must_be_the_studys_own(tiny_run, tmp_path):
     moved["tasks"]["bbc_news"]["models"][FINGERPRINT]["test"]["mean"] += 0.01  # as if the splits had changed
     (tmp_path / "moved.json").write_text(json.dumps(moved))
     with pytest.raises(ValueError, match="random-init probe scores"):
-        add_seeds(tmp_path / "moved.json", {"crammed": tiny_run}, [1], progress=False)
+        add_seeds(tmp_path / "moved.json", {"crammed": tiny_cramming_run}, [1], progress=False)
 
 
 def test_the_recorded_five_seed_studies_extend_the_three_seed_ones():

@@ -5,7 +5,7 @@ import math
 import mpmath
 import pytest
 
-from llmedu.cramming.significance import paired_gap, student_t_two_sided, t_quantile
+from llmedu.cramming.significance import paired_gap, sign_flip_p, student_t_two_sided, t_quantile
 
 
 @pytest.mark.parametrize("dof", [1, 2, 3, 4, 5, 8, 9, 30])
@@ -34,6 +34,17 @@ def test_paired_gap_by_hand():
     assert (high - low) / 2 == pytest.approx(4.303 * r["se"], rel=1e-3)
 
 
+def test_the_sign_flip_test_by_hand():
+    # three positive gaps: only the all-plus pattern reaches their mean (1 of 8), and its mirror in |mean| (2 of 8)
+    assert sign_flip_p([1.0, 2.0, 3.0]) == {"two_sided": 0.25, "one_sided": 0.125}
+    # five positive gaps: the floor of 5 seeds, 1/32 one-sided
+    assert sign_flip_p([0.022, 0.019, 0.073, 0.047, 0.048]) == {"two_sided": 2 / 32, "one_sided": 1 / 32}
+    # (1, -2, 4), sum 3: the signed sums are 3, 7, 1, 5, -5, -1, -7, -3; >= 3 three times, |.| >= 3 six times
+    assert sign_flip_p([1.0, -2.0, 4.0]) == {"two_sided": 0.75, "one_sided": 0.375}
+    assert sign_flip_p([-1.0, -2.0, -3.0])["one_sided"] == 0.125  # the direction of the measured mean
+    assert paired_gap([1.0, 2.0, 3.0])["sign_flip"] == sign_flip_p([1.0, 2.0, 3.0])
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="at least two seeds"):
         paired_gap([0.03])
@@ -41,5 +52,7 @@ def test_bad_input():
         paired_gap([0.01, 0.01, 0.01])
     with pytest.raises(ValueError, match="positive integer"):
         student_t_two_sided(1.0, 0)
+    with pytest.raises(ValueError, match="1 to 20 gaps"):
+        sign_flip_p([0.1] * 21)
     with pytest.raises(ValueError, match=r"\(0, 1\)"):
         t_quantile(1.5, 3)

@@ -89,13 +89,21 @@ def test_the_backend_fits_the_gpus(monkeypatch):
         ValueError, match=f"needs a GPU for each of the {gpus + 1} ranks on this machine, which has {gpus}"
     ):
         launch(lambda: None, gpus + 1, backend="nccl")
-    with pytest.raises(ValueError, match="backend must be 'gloo' or 'nccl'"):
+    with pytest.raises(ValueError, match=f"{gpus + 1} ranks on this machine, which has {gpus}"):
+        launch(lambda: None, gpus + 1, backend="cpu:gloo,cuda:nccl")  # the default's string, given explicitly
+    with pytest.raises(ValueError, match="backend must be 'gloo', 'nccl' or 'cpu:gloo,cuda:nccl'"):
         launch(lambda: None, 2, backend="mpi")
     # the default: gloo for CPU tensors, with NCCL beside it for CUDA tensors only when each rank has a GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert default_backend(2) == "cpu:gloo,cuda:nccl"
     assert default_backend(3) == "gloo"
+    # a launcher that sets RANK and WORLD_SIZE but not LOCAL_WORLD_SIZE: no guess at how many ranks share the GPUs
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="not LOCAL_WORLD_SIZE.*pass backend="):
+        launch(lambda: None, 2)
 
 
 @pytest.mark.timeout(30)

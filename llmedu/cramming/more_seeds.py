@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .evaluate import make_splits, summarize, task_average
 from .report import load_study
-from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint
+from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint, write_results
 
 __all__ = ["add_seeds"]
 
@@ -96,14 +96,8 @@ def add_seeds(
                 print(f"{task:<16} {row:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True)
         record["seconds"][task] = round(record["seconds"].get(task, 0.0) + time.perf_counter() - start, 1)
         study["added_seeds"] = record
-        _write(out, study)
+        write_results(out, study)
     for row in tuned:
         study["average"][row] = task_average({t: e["models"][row] for t, e in study["tasks"].items()})
-    _write(out, study)
+    write_results(out, study)
     return study
-
-
-def _write(out, study: dict) -> None:
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(study, indent=1))

@@ -49,7 +49,15 @@ from .finetune import FIXED
 from .pretrain import CORPORA, PretrainRun, held_out_chars, load_run, pretrain
 from .report import load_study
 
-__all__ = ["StudyConfig", "run_study", "pretrain_for_study", "unigram_line", "borrowable_rows", "check_fingerprint"]
+__all__ = [
+    "StudyConfig",
+    "run_study",
+    "pretrain_for_study",
+    "unigram_line",
+    "borrowable_rows",
+    "check_fingerprint",
+    "write_results",
+]
 
 FINGERPRINT = "random init, linear probe"  # measured again by a study that borrows the other controls
 _TOLERANCE = 1e-6  # the fingerprint must repeat exactly: the same features and a convex fit from zero
@@ -210,14 +218,15 @@ def run_study(
         if earlier is not None:
             per_model |= _borrow(earlier, rows, task, per_model[FINGERPRINT], controls_from)
         results["tasks"][task] = {"sizes": splits.sizes(), "models": per_model}
-        _write(out, results)
+        write_results(out, results)
     for name in next(iter(results["tasks"].values()))["models"]:
         results["average"][name] = task_average({t: r["models"][name] for t, r in results["tasks"].items()})
-    _write(out, results)
+    write_results(out, results)
     return results
 
 
-def _write(out, results: dict) -> None:
+def write_results(out, results: dict) -> None:
+    """Write a study's results as JSON to ``out`` (its folder made if need be); nothing when ``out`` is None."""
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(results, indent=1))

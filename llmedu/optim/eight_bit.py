@@ -133,6 +133,13 @@ class AdamW8bit(torch.optim.Optimizer):
         self.block_size, self.min_8bit_size = block_size, min_8bit_size
         self.signed_map = dynamic_map(signed=True)  # (256,) for m, which has both signs
         self.unsigned_map = dynamic_map(signed=False)  # (256,) for v >= 0: one more bit of fraction
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(signed, unsigned) maps on ``device``, copied there once: not a host-to-GPU copy per step."""
+        if device not in self._on_device:
+            self._on_device[device] = (self.signed_map.to(device), self.unsigned_map.to(device))
+        return self._on_device[device]
 
     def _init_state(self, p: torch.Tensor, state: dict) -> None:
         state["step"] = torch.tensor(0.0)
@@ -141,7 +148,7 @@ class AdamW8bit(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
             return
         zero = torch.zeros_like(p, dtype=torch.float32)
-        for name, code in (("exp_avg", self.signed_map), ("exp_avg_sq", self.unsigned_map)):
+        for name, code in zip(("exp_avg", "exp_avg_sq"), self._maps(p.device)):
             state[f"{name}_codes"], state[f"{name}_absmax"] = quantize_blockwise(zero, code, self.block_size)
 
     @torch.no_grad()
@@ -163,12 +170,11 @@ class AdamW8bit(torch.optim.Optimizer):
                     self._init_state(p, state)
                 state["step"] += 1
                 quantized = "exp_avg_codes" in state
+                signed, unsigned = self._maps(p.device)
                 if quantized:  # (p's shape) fp32 moments, for the length of this update only
-                    m = dequantize_blockwise(
-                        state["exp_avg_codes"], state["exp_avg_absmax"], self.signed_map, self.block_size
-                    )
+                    m = dequantize_blockwise(state["exp_avg_codes"], state["exp_avg_absmax"], signed, self.block_size)
                     v = dequantize_blockwise(
-                        state["exp_avg_sq_codes"], state["exp_avg_sq_absmax"], self.unsigned_map, self.block_size
+                        state["exp_avg_sq_codes"], state["exp_avg_sq_absmax"], unsigned, self.block_size
                     )
                 else:
                     m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -178,8 +184,8 @@ class AdamW8bit(torch.optim.Optimizer):
                 if p32 is not p:
                     p.copy_(p32)
                 if quantized:
-                    m_codes, m_absmax = quantize_blockwise(m, self.signed_map, self.block_size)
-                    v_codes, v_absmax = quantize_blockwise(v, self.unsigned_map, self.block_size)
+                    m_codes, m_absmax = quantize_blockwise(m, signed, self.block_size)
+                    v_codes, v_absmax = quantize_blockwise(v, unsigned, self.block_size)
                     state["exp_avg_codes"], state["exp_avg_absmax"] = m_codes, m_absmax
                     state["exp_avg_sq_codes"], state["exp_avg_sq_absmax"] = v_codes, v_absmax
         return loss

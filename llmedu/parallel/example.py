@@ -8,7 +8,8 @@ Every rank trains the same byte-level GPT on Shakespeare with its own slice of e
 of the layouts of lessons 10-14: ``ddp`` (our DDP and AdamW), ``zero1``/``zero2``/``zero3`` (our ZeRO),
 or ``3d`` (DP x TP x PP from ``mesh.train_3d``). ``launch`` sees ``torchrun``'s environment and runs
 the worker in place; without it, it starts ``--ranks`` processes itself. The backend is gloo on
-CPUs and takes in NCCL when every rank has a GPU (then each rank trains on ``cuda:LOCAL_RANK``). Rank 0
+CPUs and takes in NCCL when every rank has a GPU (then each rank trains on ``cuda:LOCAL_RANK``, except in the
+``3d`` layout, whose ``mesh.train_3d`` keeps its tensors on the CPU: gloo carries it there too). Rank 0
 prints the loss of every step and, last, one line of JSON with the losses.
 
 Left out: checkpoints, a data loader that streams a corpus (every rank draws the same random

@@ -86,6 +86,7 @@ from .processes import (
 __all__ = ["launch", "WorkerError"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_BOTH = "cpu:gloo,cuda:nccl"  # one group, each collective routed by its tensors' device
 _STARTED = "llmedu/started"  # each rank sets {_STARTED}/{rank} on reaching the start-up barrier
 _EVERYONE_STARTED = "llmedu/everyone started"  # key of the start-up barrier in the launcher's store
 
@@ -113,8 +114,10 @@ def launch(
 
     Inside the worker, ``torch.distributed`` is initialised: ``dist.get_rank()`` and
     ``dist.get_world_size()`` say who it is. Return values travel back pickled, so return CPU
-    tensors or plain Python. ``backend`` is ``"gloo"`` or ``"nccl"`` (default: ``default_backend``, gloo
-    joined by NCCL for CUDA tensors when there is a GPU per rank). ``timeout`` bounds every collective, in seconds. ``deadline``, if given,
+    tensors or plain Python. ``backend`` is ``"gloo"``, ``"nccl"`` or both, ``"cpu:gloo,cuda:nccl"``
+    (default: ``default_backend``, the two when every rank on this machine has a GPU of its own, with all of the
+    machine's GPUs visible to each as torchrun leaves them, else gloo). Inside a group that already exists it is
+    ignored: the worker runs in that group. ``timeout`` bounds every collective, in seconds. ``deadline``, if given,
     bounds the worker's run, in seconds from when every rank has started (new processes only). ``startup``
     bounds the start of the new processes, up to the moment every rank is ready to join the group. ``echo``
     prints each rank's output prefixed by ``[rank r]``. The names ``backend``, ``timeout``, ``deadline``,
@@ -130,15 +133,22 @@ def launch(
         raise ValueError(f"deadline must be positive seconds or None, got {deadline!r}")
     if startup <= 0:
         raise ValueError(f"startup must be positive seconds, got {startup!r}")
-    if backend not in (None, "gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend not in (None, "gloo", "nccl", _BOTH):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or {_BOTH!r}, got {backend!r}")
 
-    under_torchrun = dist.is_initialized() or all(v in os.environ for v in _TORCHRUN_VARS)
+    if dist.is_initialized():  # the group exists (its backend is the caller's): run the worker in it
+        return _run_in_this_process(worker, world_size, args, kwargs, backend, timeout)
+    under_torchrun = all(v in os.environ for v in _TORCHRUN_VARS)
+    if under_torchrun and "LOCAL_WORLD_SIZE" not in os.environ and backend is None and torch.cuda.is_available():
+        raise ValueError(
+            "RANK and WORLD_SIZE are set but not LOCAL_WORLD_SIZE (another launcher than torchrun?), so how many "
+            "ranks share this machine's GPUs is unknown: pass backend= ('gloo', 'nccl') or set LOCAL_WORLD_SIZE"
+        )
     # the ranks that share this machine's GPUs: torchrun says how many it started here
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if under_torchrun else world_size
-    if backend == "nccl" and torch.cuda.device_count() < local_ranks:
+    if backend in ("nccl", _BOTH) and torch.cuda.device_count() < local_ranks:
         raise ValueError(
-            f"backend='nccl' needs a GPU for each of the {local_ranks} ranks on this machine, which has "
+            f"backend={backend!r} needs a GPU for each of the {local_ranks} ranks on this machine, which has "
             f"{torch.cuda.device_count()}: use backend='gloo' (or leave it unset)"
         )
     backend = backend or default_backend(local_ranks)
@@ -154,7 +164,7 @@ def default_backend(local_ranks: int) -> str:
     of its tensors). NCCL cannot put two ranks on one GPU, so with fewer GPUs than ranks it is gloo alone.
     """
     if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks:
-        return "cpu:gloo,cuda:nccl"
+        return _BOTH
     return "gloo"
 
 
@@ -178,10 +188,15 @@ def _run_in_this_process(worker, world_size, args, kwargs, backend, timeout) -> 
             dist.destroy_process_group()
 
 
+def _bind_gpu(backend: str) -> None:
+    """With NCCL in the group, this rank's GPU is ``cuda:LOCAL_RANK``: made current before anything touches CUDA."""
+    if "nccl" in backend:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+
+
 def _join_group(backend: str, timeout: float) -> None:
     """``env://`` initialisation from the variables torchrun (or our parent) set."""
-    if "nccl" in backend:  # each rank's CUDA tensors and NCCL's communicator on its own GPU
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    _bind_gpu(backend)
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
 
 
@@ -304,6 +319,7 @@ def _child_main() -> None:
     timeout = float(os.environ["LLMEDU_TIMEOUT"])
     try:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        _bind_gpu(os.environ["LLMEDU_BACKEND"])  # before unpickling: CUDA tensors in the job land on this GPU
         worker, args, kwargs = cloudpickle.loads((folder / "job.pkl").read_bytes())  # imports happen here
         _wait_for_every_rank()
         _join_group(os.environ["LLMEDU_BACKEND"], timeout)

@@ -16,8 +16,9 @@ returns float32: the values an fp8 tensor would hold. It matches ``x.to(torch.fl
     E5M2  |x| >= 61440 (halfway past 57344) becomes +-inf  (IEEE round-to-nearest-even)
     both  NaN stays NaN; a value that rounds to zero keeps its sign (-0.0)
 
-(PyTorch 2.11's E4M3 cast did not saturate: |x| >= 464, halfway past 448, and +-inf became NaN. The OCP
-FP8 specification allows either mode; we keep the saturating one, as Transformer Engine's casts do.)
+(PyTorch before 2.13 cast E4M3 without saturating, 2.11 seen on a GPU machine: |x| > 464, past the tie
+halfway to the next step, and +-inf became NaN; 464 itself rounds to 448. The OCP FP8 specification allows
+either mode; we keep the saturating one, as Transformer Engine's casts do.)
 
 Eight bits hold so little range that every tensor is multiplied by a *scale* before the cast and
 divided by it after: ``x ~ fp8(x * s) / s``. NVIDIA Transformer Engine's *delayed scaling* takes s
