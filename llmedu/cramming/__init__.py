@@ -19,6 +19,9 @@ vocab_study run_vocab_study: vocabulary sizes under one budget, compared per cha
             probes (the reading in vocab_report)
 probe_curve run_probe_curve: the linear probe at a run's checkpoints against random init, where the gap
             opens (the reading in probe_curve_report)
+more_seeds  add_seeds: more test seeds for a finished study's fine-tuned rows, at the rates dev chose
+significance paired_gap: the paired t-test of a gap over seeds, and the exact sign-flip test beside it
+cli         the command line's commands and options (__main__ runs them)
 
 python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
 python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
@@ -26,6 +29,7 @@ python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evalua
 python -m llmedu.cramming scaling --budget 3m --out runs/scaling.json
 python -m llmedu.cramming vocab --budget 3m --out runs/vocab.json
 python -m llmedu.cramming probe-curve --run runs/crammed --out runs/probe_curve.json
+python -m llmedu.cramming more-seeds --study runs/evaluation.json --runs crammed=runs/crammed --seeds 3 4 --out runs/evaluation.json
 python -m llmedu.cramming bench
 """
 
