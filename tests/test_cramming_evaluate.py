@@ -192,14 +192,8 @@ def test_the_linear_probe_leaves_the_encoder_unchanged(tiny_cramming_run):
     assert score(splits.train, splits.test, None, 1) == accuracy  # convex, from zero: no seed dependence
 
 
-def test_fine_tuning_depends_on_the_seed_and_repeats_given_it(tiny_cramming_run, monkeypatch):
-    """The score is read from the fine-tuned weights (a sum over them), not the accuracy: a tiny model may
-    answer one class for every seed, which would hide a seed that changes nothing."""
-    import llmedu.cramming.encoders as encoders
-
-    monkeypatch.setattr(
-        encoders, "_accuracy", lambda model, encode, test: sum(p.sum().item() for p in model.parameters())
-    )
+def test_fine_tuning_depends_on_the_seed_and_repeats_given_it(tiny_cramming_run, seed_dependent_scores):
+    """The score is read from the fine-tuned weights (``seed_dependent_scores``), not the accuracy."""
     splits = split_data(
         Data(
             tuple(f"{'good fine' if i % 2 else 'bad awful'} day {i}" for i in range(80)),

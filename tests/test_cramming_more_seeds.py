@@ -13,17 +13,6 @@ CONFIG = StudyConfig(tasks=("bbc_news",), lrs=(4e-4,), seeds=(0,), label_sizes=(
                      max_eval=16, minilm=False)  # fmt: skip
 
 
-@pytest.fixture
-def seed_dependent_scores(monkeypatch):
-    """A fine-tune's score read from its weights (a sum), not its accuracy: a tiny model may answer one class
-    whatever the seed, which would hide a seed that was not used. The probe keeps its own accuracy."""
-    import llmedu.cramming.encoders as encoders
-
-    monkeypatch.setattr(
-        encoders, "_accuracy", lambda model, encode, test: sum(p.sum().item() for p in model.parameters())
-    )
-
-
 def test_added_seeds_score_what_a_study_with_them_scores(tiny_cramming_run, tmp_path, seed_dependent_scores):
     run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "one.json", progress=False)
     added = add_seeds(

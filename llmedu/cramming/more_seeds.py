@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .evaluate import make_splits, summarize, task_average
 from .report import load_study
-from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint, write_results
+from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint, print_row, write_results
 
 __all__ = ["add_seeds"]
 
@@ -64,6 +64,7 @@ def add_seeds(
     borrowed = study.get("controls_from", {}).get("rows", [])
     source_file = (controls_from or study["controls_from"]["file"]) if borrowed else None
     source = load_study(source_file) if borrowed else None
+    their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", []) if borrowed else []
     models = _models(ordered, config, controls=not borrowed)
     first_task = next(iter(study["tasks"].values()))["models"]
     tuned = [row for row, result in first_task.items() if result["lr"] is not None]  # the rows with a rate
@@ -80,7 +81,6 @@ def add_seeds(
             old = result["test"]["scores"]
             if row in borrowed:
                 theirs = source["tasks"][task]["models"][row]["test"]["scores"]
-                their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", [])
                 if theirs[: len(old)] != old or their_seeds[: len(done) + len(seeds)] != done + seeds:
                     raise ValueError(
                         f"{task}, {row}: borrowed from {source_file}, which does not hold "
@@ -92,8 +92,7 @@ def add_seeds(
                 new = [scorer(splits.train, splits.test, result["lr"], s) for s in seeds]
             result["test"] = summarize(old + new)
             if progress:
-                t = result["test"]
-                print(f"{task:<16} {row:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True)
+                print_row(task, row, result)
         record["seconds"][task] = round(record["seconds"].get(task, 0.0) + time.perf_counter() - start, 1)
         study["added_seeds"] = record
         write_results(out, study)

@@ -28,6 +28,7 @@ from .significance import paired_gap
 __all__ = [
     "RECORDED",
     "RECORDED_FIVE_SEEDS",
+    "per_seed_average",
     "load_study",
     "headline",
     "task_table",
@@ -86,7 +87,8 @@ def load_study(path) -> dict:
     return results
 
 
-def _per_seed_average(results: dict, model: str) -> list[float]:
+def per_seed_average(results: dict, model: str) -> list[float]:
+    """A model's task average for each seed (the headline's unit), from its test scores on every task."""
     tasks = results["tasks"].values()
     for t in tasks:
         if model not in t["models"]:
@@ -97,7 +99,7 @@ def _per_seed_average(results: dict, model: str) -> list[float]:
 def headline(results: dict, pretrained: str = "crammed", control: str = "random init") -> dict:
     """Task average of ``pretrained`` minus ``control``, per seed (both at their dev-chosen rates), and the
     paired t-test of those gaps (``significance.paired_gap``; None with one seed)."""
-    ours, theirs = _per_seed_average(results, pretrained), _per_seed_average(results, control)
+    ours, theirs = per_seed_average(results, pretrained), per_seed_average(results, control)
     if len(ours) != len(theirs):
         raise ValueError(f"{pretrained!r} has {len(ours)} seeds and {control!r} {len(theirs)}: pair them first")
     gaps = [a - b for a, b in zip(ours, theirs)]
@@ -160,11 +162,11 @@ def budget_table(studies: dict[str, dict], pretrained: str = "crammed", control:
         row += f"{s['val_loss']:>7.3f}" + "".join(
             f"{_cell(results['tasks'][t]['models'][pretrained]):>18}" for t in tasks
         )
-        average = summarize(_per_seed_average(results, pretrained))
+        average = summarize(per_seed_average(results, pretrained))
         h = headline(results, pretrained, control)
         row += f"{100 * average['mean']:>8.1f} +- {100 * average['std']:3.1f}"
         lines.append(row + f"{100 * h['gap']:>+9.1f} +- {100 * h['gap_std']:3.1f}")
-    average = summarize(_per_seed_average(first, control))
+    average = summarize(per_seed_average(first, control))
     row = f"{control:<39}" + "".join(f"{_cell(first['tasks'][t]['models'][control]):>18}" for t in tasks)
     lines.append(row + f"{100 * average['mean']:>8.1f} +- {100 * average['std']:3.1f}")
     return "\n".join(lines)

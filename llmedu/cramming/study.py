@@ -56,6 +56,7 @@ __all__ = [
     "unigram_line",
     "borrowable_rows",
     "check_fingerprint",
+    "print_row",
     "write_results",
 ]
 
@@ -211,10 +212,7 @@ def run_study(
             result["seconds"] = round(time.perf_counter() - start, 1)
             per_model[name] = result
             if progress:
-                t = result["test"]
-                print(
-                    f"{task:<16} {name:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True
-                )
+                print_row(task, name, result)
         if earlier is not None:
             per_model |= _borrow(earlier, rows, task, per_model[FINGERPRINT], controls_from)
         results["tasks"][task] = {"sizes": splits.sizes(), "models": per_model}
@@ -223,6 +221,12 @@ def run_study(
         results["average"][name] = task_average({t: r["models"][name] for t, r in results["tasks"].items()})
     write_results(out, results)
     return results
+
+
+def print_row(task: str, name: str, result: dict) -> None:
+    """One progress line: a model's chosen rate and its test mean +- std on a task."""
+    t = result["test"]
+    print(f"{task:<16} {name:<32} lr {result['lr']!s:<7} test {t['mean']:.3f} +- {t['std']:.3f}", flush=True)
 
 
 def write_results(out, results: dict) -> None:

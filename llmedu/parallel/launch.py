@@ -172,6 +172,7 @@ def default_backend(local_ranks: int) -> str:
 def _run_in_this_process(worker, world_size, args, kwargs, backend, timeout) -> list[Any]:
     we_initialised = not dist.is_initialized()
     if we_initialised:
+        _bind_gpu(backend)
         _join_group(backend, timeout)
     if dist.get_world_size() != world_size:
         raise ValueError(
@@ -195,8 +196,7 @@ def _bind_gpu(backend: str) -> None:
 
 
 def _join_group(backend: str, timeout: float) -> None:
-    """``env://`` initialisation from the variables torchrun (or our parent) set."""
-    _bind_gpu(backend)
+    """``env://`` initialisation from the variables torchrun (or our parent) set; the GPU is bound already."""
     dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
 
 
