@@ -20,6 +20,7 @@ vocab_study run_vocab_study: vocabulary sizes under one budget, compared per cha
 probe_curve run_probe_curve: the linear probe at a run's checkpoints against random init, where the gap
             opens (the reading in probe_curve_report)
 more_seeds  add_seeds: more test seeds for a finished study's fine-tuned rows, at the rates dev chose
+widen_sweep widen_sweep: more rates in a finished study's sweep, test run again where the choice moves
 significance paired_gap: the paired t-test of a gap over seeds, and the exact sign-flip test beside it
 cli         the command line's commands and options (__main__ runs them)
 
@@ -30,6 +31,7 @@ python -m llmedu.cramming scaling --budget 3m --out runs/scaling.json
 python -m llmedu.cramming vocab --budget 3m --out runs/vocab.json
 python -m llmedu.cramming probe-curve --run runs/crammed --out runs/probe_curve.json
 python -m llmedu.cramming more-seeds --study runs/evaluation.json --runs crammed=runs/crammed --seeds 3 4 --out runs/evaluation.json
+python -m llmedu.cramming widen-sweep --study runs/evaluation.json --runs crammed=runs/crammed --lrs 1.6e-3 --out runs/wide.json
 python -m llmedu.cramming bench
 """
 

@@ -25,6 +25,7 @@ from .report import RECORDED
 from .scaling import BASES, GRIDS, check_grid, parse_entry, run_scaling
 from .study import StudyConfig, pretrain_for_study, run_study
 from .vocab_study import check_vocab_sizes, run_vocab_study
+from .widen_sweep import widen_sweep
 
 
 def _bench(args) -> dict:
@@ -219,6 +220,11 @@ def main(argv: list[str] | None = None) -> dict:
         runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
         study = add_seeds(args.study, runs, args.seeds, out=args.out, controls_from=args.controls_from)
         result = {"out": args.out, "average": {k: round(v["mean"], 4) for k, v in study["average"].items()}}
+    elif args.command == "widen-sweep":
+        runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
+        study = widen_sweep(args.study, runs, args.lrs, out=args.out, controls_from=args.controls_from)
+        result = {"out": args.out, "moved": study["widened"]["moved"]}
+        result["average"] = {k: round(v["mean"], 4) for k, v in study["average"].items()}
     else:
         result = _bench(args)
     print(json.dumps(result), flush=True)

@@ -1,4 +1,4 @@
-"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,vocab,probe-curve,more-seeds,bench}``: the capstone from the command line.
+"""``python -m llmedu.cramming {pretrain,finetune,evaluate,scaling,vocab,probe-curve,more-seeds,widen-sweep,bench}``: the capstone from the command line.
 
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
@@ -11,6 +11,7 @@
     python -m llmedu.cramming vocab --budget 3m --out data/results/cramming_vocab_cpu.json  # vocabulary sizes
     python -m llmedu.cramming probe-curve --run runs/crammed --out curve.json  # the probe along a run's checkpoints
     python -m llmedu.cramming more-seeds --study eval.json --runs crammed=runs/crammed --seeds 3 4 --out eval.json
+    python -m llmedu.cramming widen-sweep --study eval.json --runs crammed=runs/crammed --lrs 1.6e-3 --out wide.json
     python -m llmedu.cramming bench
 
 Progress goes to stderr; the last line of stdout is one line of JSON with the command's key figures.
@@ -247,6 +248,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--controls-from", default=None, help="the study holding the borrowed rows' new seeds (default: as recorded)"
     )
     m.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
+
+    w = commands.add_parser(
+        "widen-sweep",
+        help="sweep more learning rates for a finished study's fine-tuned rows; test again where the choice moves "
+        "(widen_sweep.py)",
+    )
+    w.add_argument("--study", required=True, help="the study's JSON, as evaluate (or more-seeds) wrote it")
+    w.add_argument("--runs", nargs="+", required=True, help="NAME=FOLDER of each run the study measured")
+    w.add_argument("--lrs", nargs="+", type=float, required=True, help="the rates to add (not the study's)")
+    w.add_argument("--out", required=True, help="where to write the widened study (may be --study)")
+    w.add_argument(
+        "--controls-from", default=None, help="the widened study holding the borrowed rows (default: as recorded)"
+    )
+    w.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
 
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"

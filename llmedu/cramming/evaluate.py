@@ -47,6 +47,7 @@ __all__ = [
     "make_splits",
     "subsample",
     "summarize",
+    "best_rate",
     "sweep",
     "protocol",
     "label_efficiency",
@@ -175,12 +176,16 @@ def _check(lrs: Sequence, seeds: Sequence[int]) -> None:
         raise ValueError(f"the seeds must differ, got {list(seeds)}")
 
 
+def best_rate(dev: dict, lrs: Sequence[float | None]) -> float | None:
+    """The rate of ``lrs`` with the best score in ``dev`` ({rate: score}); ties go to the earlier rate."""
+    return max(lrs, key=lambda lr: (dev[lr], -list(lrs).index(lr)))
+
+
 def sweep(scorer: Scorer, splits: Splits, lrs: Sequence[float | None], seed: int = 0) -> tuple[float | None, dict]:
     """(the rate with the best dev score, {str(rate): dev score}); ties go to the earlier rate."""
     _check(lrs, [seed])
     dev = {lr: scorer(splits.train, splits.dev, lr, seed) for lr in lrs}
-    best = max(lrs, key=lambda lr: (dev[lr], -list(lrs).index(lr)))
-    return best, {str(lr): score for lr, score in dev.items()}
+    return best_rate(dev, lrs), {str(lr): score for lr, score in dev.items()}
 
 
 def protocol(scorer: Scorer, splits: Splits, lrs: Sequence[float | None], seeds: Sequence[int]) -> dict:

@@ -1,0 +1,117 @@
+"""Widen a finished study's learning-rate sweep: the new rates on dev for every fine-tuned row, test again where
+the choice moves.
+
+    python -m llmedu.cramming widen-sweep --study study.json --runs crammed=runs/crammed --lrs 1e-4 1.6e-3 3.2e-3 --out wide.json
+
+A sweep whose best rate is its first or its last has not found the model's best rate: lesson 22's control
+(random init) chose 8e-4, the top of 2e-4..8e-4, on two tasks of three, and one rate further up it scored
+4 points more on BBC News dev. A protocol that stops a model short of its best rate handicaps it; the gap it
+reports is an upper estimate. This puts the protocol right without running the study again:
+
+1. each new rate trains on train and is scored on dev with the sweep's seed (``config.seeds[0]``), for every
+   fine-tuned row (the same grid for every model, as ``evaluate.protocol`` asks);
+2. the rate is chosen again over the whole grid, by ``evaluate.best_rate`` (sorted, so ties go to the lower
+   rate, as in the first sweep, which the module refuses unless it was sorted);
+3. where the choice moved, the new rate trains with every test seed the row has (the study's and any added
+   by ``more_seeds``) and is scored on test, and its label-efficiency curve is run again at the new rate;
+   the row keeps what it had as ``before_widening``. Where it did not move, nothing is trained again:
+   the earlier runs are what the wider sweep would have run.
+
+The deterministic rows (linear probes, baselines) have no rate and do not change; the task averages are
+computed again; ``config.lrs`` becomes the whole grid and ``widened`` says what was added, what moved, in
+how long. As in ``more_seeds``, the runs must be the ones the study measured (``summary.json`` and the
+random-init probe's fingerprint), and rows borrowed from another study (``--controls-from``) are taken from
+that study widened to the same grid first, its earlier dev scores equal to these.
+
+Left out: widening the epochs or the batch size, and a second look at dev for the rows that did not move.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from .evaluate import best_rate, label_efficiency, make_splits, summarize, task_average
+from .more_seeds import _check_runs, _config
+from .report import load_study
+from .study import FINGERPRINT, _models, check_fingerprint, print_row, write_results
+
+__all__ = ["widen_sweep"]
+
+
+def _grid(old: Sequence[float], new: Sequence[float]) -> list[float]:
+    if list(old) != sorted(old):
+        raise ValueError(f"the study's sweep {list(old)} is not in rising order: its ties would not match a wider one")
+    if not new or len(set(new)) != len(new) or any(lr <= 0 for lr in new) or set(new) & set(old):
+        raise ValueError(f"give new positive rates, each once; the study swept {list(old)}, got {list(new)}")
+    return sorted([*old, *new])
+
+
+def _borrowed_row(source: dict, grid: list[float], task: str, row: str, ours: dict, source_file) -> dict:
+    """The row as the source study holds it after its own widening, once its earlier dev scores match ours."""
+    theirs = source["tasks"][task]["models"][row]
+    if source["config"]["lrs"] != grid or any(theirs["dev"].get(k) != v for k, v in ours["dev"].items()):
+        raise ValueError(
+            f"{task}, {row}: borrowed from {source_file}, which has not been widened to {grid} from these "
+            "dev scores: widen it first"
+        )
+    if len(theirs["test"]["scores"]) != len(ours["test"]["scores"]):
+        raise ValueError(f"{task}, {row}: {source_file} holds another number of test seeds than this study")
+    return theirs | {"borrowed": True}
+
+
+def widen_sweep(
+    study_file, runs: dict[str, str], lrs: Sequence[float], out=None, progress: bool = True, controls_from=None
+) -> dict:
+    """Sweep ``lrs`` too for every fine-tuned row of ``study_file``; write ``out`` (JSON) after every task.
+    ``controls_from``: the widened copy of the study the borrowed rows came from (default: as recorded)."""
+    study = load_study(study_file)
+    config = _config(study)
+    grid = _grid(config.lrs, [float(lr) for lr in lrs])
+    new = [lr for lr in grid if lr not in config.lrs]
+    _check_runs(study, runs)
+    ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
+    borrowed = study.get("controls_from", {}).get("rows", [])
+    source_file = (controls_from or study["controls_from"]["file"]) if borrowed else None
+    source = load_study(source_file) if borrowed else None
+    test_seeds = list(config.seeds) + study.get("added_seeds", {}).get("seeds", [])
+    models = _models(ordered, config, controls=not borrowed)
+    tuned = [row for row, r in next(iter(study["tasks"].values()))["models"].items() if r["lr"] is not None]
+    record = {"lrs": new, "rows": tuned, "moved": {}, "seconds": {}}
+    if borrowed:
+        record["controls_from"] = str(source_file)
+    for task, entry in study["tasks"].items():
+        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
+        check_fingerprint(study, task, probe, study_file)
+        start, moved = time.perf_counter(), []
+        for row in tuned:
+            old = entry["models"][row]
+            if row in borrowed:
+                entry["models"][row] = result = _borrowed_row(source, grid, task, row, old, source_file)
+            else:
+                scorer = models[row][0]
+                dev = {float(lr): score for lr, score in old["dev"].items()}
+                dev |= {lr: scorer(splits.train, splits.dev, lr, config.seeds[0]) for lr in new}
+                result = old | {"dev": {str(lr): dev[lr] for lr in grid}, "lr": best_rate(dev, grid)}
+                if result["lr"] != old["lr"]:
+                    result["test"] = summarize([scorer(splits.train, splits.test, result["lr"], s) for s in test_seeds])
+                    if config.label_sizes:
+                        result["label_efficiency"] = label_efficiency(
+                            scorer, splits, result["lr"], config.label_sizes, config.seeds, result["test"]["scores"][: len(config.seeds)]
+                        )  # fmt: skip
+                    result["before_widening"] = {"lr": old["lr"], "test": old["test"]}
+                entry["models"][row] = result
+            if result["lr"] != old["lr"]:
+                moved.append(row)
+            if progress:
+                print_row(task, row, result)
+        record["moved"][task] = moved
+        record["seconds"][task] = round(time.perf_counter() - start, 1)
+        study["widened"] = record
+        write_results(out, study)
+    for row in tuned:
+        study["average"][row] = task_average({t: e["models"][row] for t, e in study["tasks"].items()})
+    study["config"]["lrs"] = grid
+    write_results(out, study)
+    return study
