@@ -52,7 +52,8 @@ def add_seeds(
 ) -> dict:
     """Score every fine-tuned row of ``study_file`` with ``seeds`` too; write ``out`` (JSON) after every task.
     ``controls_from``: where borrowed rows find their new seeds (default: the study they were borrowed from,
-    as recorded; name another file when the seeds were added to a copy of it)."""
+    as recorded, or the widened copy of it a widened study took them from; name another file when the seeds
+    were added to a copy of it)."""
     study = load_study(study_file)
     config, seeds = _config(study), [int(s) for s in seeds]
     before = study.get("added_seeds", {"seeds": [], "seconds": {}})  # seeds added by an earlier call
@@ -62,7 +63,8 @@ def add_seeds(
     _check_runs(study, runs)
     ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
     borrowed = study.get("controls_from", {}).get("rows", [])
-    source_file = (controls_from or study["controls_from"]["file"]) if borrowed else None
+    recorded = study.get("widened", {}).get("controls_from") or study.get("controls_from", {}).get("file")
+    source_file = (controls_from or recorded) if borrowed else None  # a widened study's rows: its widened source
     source = load_study(source_file) if borrowed else None
     their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", []) if borrowed else []
     models = _models(ordered, config, controls=not borrowed)

@@ -14,20 +14,25 @@ reports is an upper estimate. This puts the protocol right without running the s
    rate, as in the first sweep, which the module refuses unless it was sorted);
 3. where the choice moved, the new rate trains with every test seed the row has (the study's and any added
    by ``more_seeds``) and is scored on test, and its label-efficiency curve is run again at the new rate;
-   the row keeps what it had as ``before_widening``. Where it did not move, nothing is trained again:
-   the earlier runs are what the wider sweep would have run.
+   the row keeps its earlier rate and test scores as ``before_widening`` (its ``seconds`` stay the first
+   protocol's; ``widened.seconds`` holds the widening's, per task). Where it did not move, nothing is
+   trained again: the earlier runs are what the wider sweep would have run.
 
 The deterministic rows (linear probes, baselines) have no rate and do not change; the task averages are
 computed again; ``config.lrs`` becomes the whole grid and ``widened`` says what was added, what moved, in
-how long. As in ``more_seeds``, the runs must be the ones the study measured (``summary.json`` and the
-random-init probe's fingerprint), and rows borrowed from another study (``--controls-from``) are taken from
-that study widened to the same grid first, its earlier dev scores equal to these.
+how long. The file is written after every task; until the last, ``widened.unfinished`` is true and the
+fine-tuned rows have no average. A study is widened once, with all its new rates (a widened one is refused).
+As in ``more_seeds``, the runs must be the ones the study measured (``summary.json`` and the random-init
+probe's fingerprint), every fine-tuned row must hold a test score per seed, and rows borrowed from another
+study (``--controls-from``) are taken from that study widened to the same grid, its seeds and its scores
+before the widening equal to these; all of this is checked before anything trains.
 
 Left out: widening the epochs or the batch size, and a second look at dev for the rows that did not move.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -42,21 +47,33 @@ __all__ = ["widen_sweep"]
 def _grid(old: Sequence[float], new: Sequence[float]) -> list[float]:
     if list(old) != sorted(old):
         raise ValueError(f"the study's sweep {list(old)} is not in rising order: its ties would not match a wider one")
-    if not new or len(set(new)) != len(new) or any(lr <= 0 for lr in new) or set(new) & set(old):
+    bad = [lr for lr in new if not math.isfinite(lr) or lr <= 0]
+    if not new or bad or len(set(new)) != len(new) or set(new) & set(old):
         raise ValueError(f"give new positive rates, each once; the study swept {list(old)}, got {list(new)}")
     return sorted([*old, *new])
 
 
-def _borrowed_row(source: dict, grid: list[float], task: str, row: str, ours: dict, source_file) -> dict:
-    """The row as the source study holds it after its own widening, once its earlier dev scores match ours."""
+def _check_seeds(study: dict, rows: list[str], seeds: list[int], source) -> None:
+    """Every fine-tuned row must hold one test score per seed: a moved row trains them all again."""
+    for task, entry in study["tasks"].items():
+        for row in rows:
+            if len(entry["models"][row]["test"]["scores"]) != len(seeds):
+                raise ValueError(f"{task}, {row}: {source} holds another number of test scores than its seeds {seeds}")
+
+
+def _borrowed_row(source: dict, grid: list[float], task: str, row: str, ours: dict, where) -> dict:
+    """The row as the source study holds it after its own widening, once what it held before is ours."""
     theirs = source["tasks"][task]["models"][row]
-    if source["config"]["lrs"] != grid or any(theirs["dev"].get(k) != v for k, v in ours["dev"].items()):
-        raise ValueError(
-            f"{task}, {row}: borrowed from {source_file}, which has not been widened to {grid} from these "
-            "dev scores: widen it first"
-        )
-    if len(theirs["test"]["scores"]) != len(ours["test"]["scores"]):
-        raise ValueError(f"{task}, {row}: {source_file} holds another number of test seeds than this study")
+    then = theirs.get("before_widening", theirs)
+    same_dev = all(theirs["dev"].get(k) == v for k, v in ours["dev"].items())
+    if (
+        source.get("widened") is None
+        or source["config"]["lrs"] != grid
+        or set(theirs["dev"]) != {str(lr) for lr in grid}
+    ):
+        raise ValueError(f"{task}, {row}: borrowed from {where}, which has not been widened to {grid}: widen it first")
+    if not same_dev or then["lr"] != ours["lr"] or then["test"] != ours["test"]:
+        raise ValueError(f"{task}, {row}: {where} held other dev or test scores before its widening than this study")
     return theirs | {"borrowed": True}
 
 
@@ -66,20 +83,34 @@ def widen_sweep(
     """Sweep ``lrs`` too for every fine-tuned row of ``study_file``; write ``out`` (JSON) after every task.
     ``controls_from``: the widened copy of the study the borrowed rows came from (default: as recorded)."""
     study = load_study(study_file)
+    if "widened" in study:
+        raise ValueError(f"{study_file} was widened already: widen the study it came from, with all the rates at once")
     config = _config(study)
     grid = _grid(config.lrs, [float(lr) for lr in lrs])
     new = [lr for lr in grid if lr not in config.lrs]
     _check_runs(study, runs)
-    ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
-    borrowed = study.get("controls_from", {}).get("rows", [])
-    source_file = (controls_from or study["controls_from"]["file"]) if borrowed else None
-    source = load_study(source_file) if borrowed else None
-    test_seeds = list(config.seeds) + study.get("added_seeds", {}).get("seeds", [])
-    models = _models(ordered, config, controls=not borrowed)
     tuned = [row for row, r in next(iter(study["tasks"].values()))["models"].items() if r["lr"] is not None]
-    record = {"lrs": new, "rows": tuned, "moved": {}, "seconds": {}}
+    test_seeds = list(config.seeds) + study.get("added_seeds", {}).get("seeds", [])
+    _check_seeds(study, tuned, test_seeds, study_file)
+    borrowed = [row for row in study.get("controls_from", {}).get("rows", []) if row in tuned]  # the rest keep
+    source_file = (controls_from or study["controls_from"]["file"]) if borrowed else None
+    if borrowed:  # every borrowed row checked before anything trains
+        source = load_study(source_file)
+        their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", [])
+        if their_seeds != test_seeds:
+            raise ValueError(f"{source_file} holds the test seeds {their_seeds}, this study {test_seeds}")
+        taken = {
+            task: {row: _borrowed_row(source, grid, task, row, entry["models"][row], source_file) for row in borrowed}
+            for task, entry in study["tasks"].items()
+        }
+    ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
+    models = _models(ordered, config, controls="controls_from" not in study)
+    record = {"lrs": new, "rows": tuned, "moved": {}, "seconds": {}, "unfinished": True}
     if borrowed:
         record["controls_from"] = str(source_file)
+    study["widened"] = record
+    averages = study["average"]
+    study["average"] = {k: v for k, v in averages.items() if k not in tuned}  # none mixes widened and not, part-way
     for task, entry in study["tasks"].items():
         splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
         probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
@@ -88,7 +119,7 @@ def widen_sweep(
         for row in tuned:
             old = entry["models"][row]
             if row in borrowed:
-                entry["models"][row] = result = _borrowed_row(source, grid, task, row, old, source_file)
+                result = taken[task][row]
             else:
                 scorer = models[row][0]
                 dev = {float(lr): score for lr, score in old["dev"].items()}
@@ -101,17 +132,18 @@ def widen_sweep(
                             scorer, splits, result["lr"], config.label_sizes, config.seeds, result["test"]["scores"][: len(config.seeds)]
                         )  # fmt: skip
                     result["before_widening"] = {"lr": old["lr"], "test": old["test"]}
-                entry["models"][row] = result
+            entry["models"][row] = result
             if result["lr"] != old["lr"]:
                 moved.append(row)
             if progress:
                 print_row(task, row, result)
         record["moved"][task] = moved
         record["seconds"][task] = round(time.perf_counter() - start, 1)
-        study["widened"] = record
         write_results(out, study)
     for row in tuned:
-        study["average"][row] = task_average({t: e["models"][row] for t, e in study["tasks"].items()})
+        averages[row] = task_average({t: e["models"][row] for t, e in study["tasks"].items()})
+    study["average"] = averages
     study["config"]["lrs"] = grid
+    del record["unfinished"]
     write_results(out, study)
     return study
