@@ -170,6 +170,8 @@ def test_the_runs_and_scores_must_be_the_studys_own(tiny_cramming_run, tmp_path,
     unsorted = json.loads(json.dumps(study))
     unsorted["config"]["lrs"] = [8e-4, 4e-4]
     (tmp_path / "unsorted.json").write_text(json.dumps(unsorted))
+    with pytest.raises(ValueError, match="to another file than .*one.json: a stopped widening starts again from it"):
+        widen_sweep(tmp_path / "one.json", {"crammed": tiny_cramming_run}, [1e-3], out=tmp_path / "one.json")
     with pytest.raises(ValueError, match="not in rising order"):
         widen_sweep(tmp_path / "unsorted.json", {"crammed": tiny_cramming_run}, [1e-3], progress=False)
     study["added_seeds"] = {"seeds": [2], "rows": ["crammed", "random init"], "seconds": {}}  # a stopped more-seeds

@@ -240,28 +240,24 @@ def build_parser() -> argparse.ArgumentParser:
         "more-seeds",
         help="score a finished study's fine-tuned rows with more seeds, at its chosen rates (more_seeds.py)",
     )
-    m.add_argument("--study", required=True, help="the study's JSON, as evaluate wrote it")
-    m.add_argument("--runs", nargs="+", required=True, help="NAME=FOLDER of each run the study measured")
     m.add_argument("--seeds", nargs="+", type=int, required=True, help="the seeds to add (not the study's)")
-    m.add_argument("--out", required=True, help="where to write the study with the seeds added (may be --study)")
-    m.add_argument(
-        "--controls-from", default=None, help="the study holding the borrowed rows' new seeds (default: as recorded)"
+    _finished_study_options(
+        m,
+        out="where to write the study with the seeds added (may be --study)",
+        controls="the study holding the borrowed rows' new seeds (default: as recorded)",
     )
-    m.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
 
     w = commands.add_parser(
         "widen-sweep",
         help="sweep more learning rates for a finished study's fine-tuned rows; test again where the choice moves "
         "(widen_sweep.py)",
     )
-    w.add_argument("--study", required=True, help="the study's JSON, as evaluate (or more-seeds) wrote it")
-    w.add_argument("--runs", nargs="+", required=True, help="NAME=FOLDER of each run the study measured")
     w.add_argument("--lrs", nargs="+", type=float, required=True, help="the rates to add (not the study's)")
-    w.add_argument("--out", required=True, help="where to write the widened study (may be --study)")
-    w.add_argument(
-        "--controls-from", default=None, help="the widened study holding the borrowed rows (default: as recorded)"
+    _finished_study_options(
+        w,
+        out="where to write the widened study (not --study: a stopped widening starts again from it)",
+        controls="the widened study holding the borrowed rows (default: as recorded)",
     )
-    w.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
 
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
@@ -269,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget", type=_budget, default=None, help="budget of each loss run (default 20s fast, 2m full)")
     b.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     return parser
+
+
+def _finished_study_options(p: argparse.ArgumentParser, out: str, controls: str) -> None:
+    """The options of the commands that add to a finished study (more-seeds, widen-sweep)."""
+    p.add_argument("--study", required=True, help="the study's JSON, as evaluate (or more-seeds) wrote it")
+    p.add_argument("--runs", nargs="+", required=True, help="NAME=FOLDER of each run the study measured")
+    p.add_argument("--out", required=True, help=out)
+    p.add_argument("--controls-from", default=None, help=controls)
+    p.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
 
 
 def _budget_study_options(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,8 @@ reports is an upper estimate. This puts the protocol right without running the s
 The deterministic rows (linear probes, baselines) have no rate and do not change; the task averages are
 computed again; ``config.lrs`` becomes the whole grid and ``widened`` says what was added, what moved, in
 how long. The file is written after every task; until the last, ``widened.unfinished`` is true and the
-fine-tuned rows have no average. A study is widened once, with all its new rates (a widened one is refused).
+fine-tuned rows have no average. A study is widened once, with all its new rates (a widened one is refused),
+into another file (a stopped widening starts again from the study).
 As in ``more_seeds``, the runs must be the ones the study measured (``summary.json`` and the random-init
 probe's fingerprint), every fine-tuned row must hold a test score per seed, and rows borrowed from another
 study (``--controls-from``) are taken from that study widened to the same grid, its seeds and its scores
@@ -35,6 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from .evaluate import best_rate, label_efficiency, make_splits, summarize, task_average
 from .more_seeds import _check_runs, _config
@@ -82,6 +84,10 @@ def widen_sweep(
 ) -> dict:
     """Sweep ``lrs`` too for every fine-tuned row of ``study_file``; write ``out`` (JSON) after every task.
     ``controls_from``: the widened copy of the study the borrowed rows came from (default: as recorded)."""
+    if out is not None and Path(out).resolve() == Path(study_file).resolve():
+        raise ValueError(
+            f"write the widened study to another file than {study_file}: a stopped widening starts again from it"
+        )
     study = load_study(study_file)
     if "widened" in study:
         raise ValueError(f"{study_file} was widened already: widen the study it came from, with all the rates at once")
