@@ -37,8 +37,13 @@ def _bench(args) -> dict:
     return namespace["run"](budget=args.budget, device=args.device)
 
 
+def _runs(entries: list[str]) -> dict[str, str]:
+    """``--runs`` as {name: folder}: NAME=FOLDER, or a bare FOLDER named by its last part."""
+    return dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in entries)
+
+
 def _evaluate(args, device) -> dict:
-    runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
+    runs = _runs(args.runs)
     sizes = tuple(None if n == "all" else int(n) for n in args.label_sizes)
     config = StudyConfig(
         tasks=tuple(args.tasks),
@@ -217,11 +222,11 @@ def main(argv: list[str] | None = None) -> dict:
     elif args.command == "probe-curve":
         result = _probe_curve(args)
     elif args.command == "more-seeds":
-        runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
+        runs = _runs(args.runs)
         study = add_seeds(args.study, runs, args.seeds, out=args.out, controls_from=args.controls_from)
         result = {"out": args.out, "average": {k: round(v["mean"], 4) for k, v in study["average"].items()}}
     elif args.command == "widen-sweep":
-        runs = dict(r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs)
+        runs = _runs(args.runs)
         study = widen_sweep(args.study, runs, args.lrs, out=args.out, controls_from=args.controls_from)
         result = {"out": args.out, "moved": study["widened"]["moved"]}
         result["average"] = {k: round(v["mean"], 4) for k, v in study["average"].items()}

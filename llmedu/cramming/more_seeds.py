@@ -37,6 +37,16 @@ def _config(study: dict) -> StudyConfig:
     return StudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in study["config"].items()})
 
 
+def _test_seeds(study: dict) -> list[int]:
+    """The seeds a study's fine-tuned rows were scored on: its own, then any that ``add_seeds`` added."""
+    return list(_config(study).seeds) + study.get("added_seeds", {}).get("seeds", [])
+
+
+def _tuned_rows(study: dict) -> list[str]:
+    """The rows with a learning rate (the fine-tuned ones), in the study's order."""
+    return [row for row, result in next(iter(study["tasks"].values()))["models"].items() if result["lr"] is not None]
+
+
 def _check_runs(study: dict, runs: dict[str, str]) -> None:
     measured = list(study["pretraining"])
     if sorted(runs) != sorted(measured):
@@ -57,7 +67,7 @@ def add_seeds(
     study = load_study(study_file)
     config, seeds = _config(study), [int(s) for s in seeds]
     before = study.get("added_seeds", {"seeds": [], "seconds": {}})  # seeds added by an earlier call
-    done = list(config.seeds) + before["seeds"]
+    done = _test_seeds(study)
     if not seeds or len(set(seeds)) != len(seeds) or set(seeds) & set(done):
         raise ValueError(f"give new seeds, each once; the study already has {done}, got {seeds}")
     _check_runs(study, runs)
@@ -66,10 +76,9 @@ def add_seeds(
     recorded = study.get("widened", {}).get("controls_from") or study.get("controls_from", {}).get("file")
     source_file = (controls_from or recorded) if borrowed else None  # a widened study's rows: its widened source
     source = load_study(source_file) if borrowed else None
-    their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", []) if borrowed else []
+    their_seeds = _test_seeds(source) if borrowed else []
     models = _models(ordered, config, controls=not borrowed)
-    first_task = next(iter(study["tasks"].values()))["models"]
-    tuned = [row for row, result in first_task.items() if result["lr"] is not None]  # the rows with a rate
+    tuned = _tuned_rows(study)
     record = {"seeds": before["seeds"] + seeds, "rows": tuned, "seconds": dict(before["seconds"])}
     if borrowed:
         record["controls_from"] = str(source_file)

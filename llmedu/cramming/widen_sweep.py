@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .evaluate import best_rate, label_efficiency, make_splits, summarize, task_average
-from .more_seeds import _check_runs, _config
+from .more_seeds import _check_runs, _config, _test_seeds, _tuned_rows
 from .report import load_study
 from .study import FINGERPRINT, _models, check_fingerprint, print_row, write_results
 
@@ -95,14 +95,13 @@ def widen_sweep(
     grid = _grid(config.lrs, [float(lr) for lr in lrs])
     new = [lr for lr in grid if lr not in config.lrs]
     _check_runs(study, runs)
-    tuned = [row for row, r in next(iter(study["tasks"].values()))["models"].items() if r["lr"] is not None]
-    test_seeds = list(config.seeds) + study.get("added_seeds", {}).get("seeds", [])
+    tuned, test_seeds = _tuned_rows(study), _test_seeds(study)
     _check_seeds(study, tuned, test_seeds, study_file)
     borrowed = [row for row in study.get("controls_from", {}).get("rows", []) if row in tuned]  # the rest keep
     source_file = (controls_from or study["controls_from"]["file"]) if borrowed else None
     if borrowed:  # every borrowed row checked before anything trains
         source = load_study(source_file)
-        their_seeds = list(_config(source).seeds) + source.get("added_seeds", {}).get("seeds", [])
+        their_seeds = _test_seeds(source)
         if their_seeds != test_seeds:
             raise ValueError(f"{source_file} holds the test seeds {their_seeds}, this study {test_seeds}")
         taken = {
