@@ -16,6 +16,7 @@ from .. import runtime
 from .budget_runs import StudyBudget
 from .cli import attach_negative_values, build_parser
 from .finetune import SETTINGS, finetune
+from .minilm_row import add_minilm
 from .more_seeds import add_seeds
 from .pretrain import CORPORA, PretrainRun, pretrain
 from .probe_curve import run_probe_curve
@@ -229,6 +230,10 @@ def main(argv: list[str] | None = None) -> dict:
         runs = _runs(args.runs)
         study = widen_sweep(args.study, runs, args.lrs, out=args.out, controls_from=args.controls_from)
         result = {"out": args.out, "moved": study["widened"]["moved"]}
+        result["average"] = {k: round(v["mean"], 4) for k, v in study["average"].items()}
+    elif args.command == "add-minilm":
+        study = add_minilm(args.study, args.journal, out=args.out)
+        result = {"out": args.out, "journal": args.journal} | {k: study["added_minilm"][k] for k in ("trained", "read")}
         result["average"] = {k: round(v["mean"], 4) for k, v in study["average"].items()}
     else:
         result = _bench(args)

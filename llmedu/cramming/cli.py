@@ -259,6 +259,17 @@ def build_parser() -> argparse.ArgumentParser:
         controls="the widened study holding the borrowed rows (default: as recorded)",
     )
 
+    a = commands.add_parser(
+        "add-minilm",
+        help="add MiniLM fine-tuned to a finished study under its protocol, journaling every fine-tune (minilm_row.py)",
+    )
+    a.add_argument("--study", required=True, help="the study's JSON (evaluate, more-seeds or widen-sweep wrote it)")
+    a.add_argument(
+        "--journal", required=True, help="the fine-tunes' journal: read where it holds a run, extended as runs end"
+    )
+    a.add_argument("--out", required=True, help="where to write the study with the row (may be --study)")
+    a.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
+
     b = commands.add_parser(
         "bench", help="crammed model vs transformers' BertForMaskedLM: tokens/s, MFU, loss at a budget"
     )

@@ -47,6 +47,17 @@ def _tuned_rows(study: dict) -> list[str]:
     return [row for row, result in next(iter(study["tasks"].values()))["models"].items() if result["lr"] is not None]
 
 
+def _check_scorable(rows: list[str], models: dict, borrowed: list[str], source) -> None:
+    """Every fine-tuned row must be trained here or borrowed: a row ``add_minilm`` added to a study that borrows
+    its controls is neither (its fine-tunes live in a journal), so the study cannot grow it."""
+    orphans = [row for row in rows if row not in models and row not in borrowed]
+    if orphans:
+        raise ValueError(
+            f"{source}: {', '.join(orphans)} can be neither trained nor borrowed here (a row add-minilm added to a "
+            "study that borrows its controls): grow the study before adding that row"
+        )
+
+
 def _check_runs(study: dict, runs: dict[str, str]) -> None:
     measured = list(study["pretraining"])
     if sorted(runs) != sorted(measured):
@@ -79,6 +90,7 @@ def add_seeds(
     their_seeds = _test_seeds(source) if borrowed else []
     models = _models(ordered, config, controls=not borrowed)
     tuned = _tuned_rows(study)
+    _check_scorable(tuned, models, borrowed, study_file)
     record = {"seeds": before["seeds"] + seeds, "rows": tuned, "seconds": dict(before["seconds"])}
     if borrowed:
         record["controls_from"] = str(source_file)

@@ -36,6 +36,7 @@ held-out loss recorded every ``eval_every`` steps.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -230,7 +231,11 @@ def print_row(task: str, name: str, result: dict) -> None:
 
 
 def write_results(out, results: dict) -> None:
-    """Write a study's results as JSON to ``out`` (its folder made if need be); nothing when ``out`` is None."""
+    """Write a study's results as JSON to ``out`` (its folder made if need be); nothing when ``out`` is None.
+    The file is replaced whole: a run stopped while writing leaves the previous version, never half of one."""
     if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=1))
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        part = out.with_name(out.name + ".part")
+        part.write_text(json.dumps(results, indent=1))
+        os.replace(part, out)

@@ -1,0 +1,175 @@
+"""MiniLM added to a finished study: the row a study of its own would hold, a journal that survives stopping."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from llmedu.cramming.evaluate import make_splits
+from llmedu.cramming.minilm_row import ROW, add_minilm
+from llmedu.cramming.more_seeds import add_seeds
+from llmedu.cramming.study import StudyConfig, run_study
+
+CONFIG = StudyConfig(tasks=("rotten_tomatoes", "bbc_news"), lrs=(1e-4, 4e-4, 8e-4), seeds=(0, 1), label_sizes=(8, None),
+                     epochs=1, max_train=32, max_eval=16, minilm_finetune=False)  # fmt: skip
+DEV = {"rotten_tomatoes": {1e-4: 0.7, 4e-4: 0.7, 8e-4: 0.5}, "bbc_news": {1e-4: 0.6, 4e-4: 0.8, 8e-4: 0.7}}
+CHOSEN = {"rotten_tomatoes": 1e-4, "bbc_news": 4e-4}  # rotten_tomatoes: a tie, to the lower rate
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """MiniLM's and our fine-tunes scored from a script (dev by ``DEV``; test by the rate, seed and train size, so a
+    wrong rate, seed or label slice shows). MiniLM's calls are recorded as (task, split, lr, seed, n)."""
+    splits = {t: make_splits(t, CONFIG.dev_fraction, max_train=32, max_eval=16) for t in CONFIG.tasks}
+    named = {s.dev: (t, "dev") for t, s in splits.items()} | {s.test: (t, "test") for t, s in splits.items()}
+    calls, stop_at = [], set()
+
+    def minilm_scorer(settings=None):
+        def score(train, test, lr, seed):
+            task, split = named[test]
+            if (task, split) in stop_at:
+                raise KeyboardInterrupt(f"stopped at {task} {split}")
+            calls.append((task, split, lr, seed, len(train)))
+            return DEV[task][lr] if split == "dev" else 0.6 + 100 * lr + seed / 100 + len(train) / 1e4
+
+        return score
+
+    def finetune_scorer(folder, from_scratch=False, settings=None):
+        return lambda train, test, lr, seed: 0.5 + lr + seed / 100 + len(train) / 1e4 + from_scratch / 10
+
+    def minilm_features():  # MiniLM's probe row, from two cheap features instead of the model
+        return (lambda texts: torch.tensor([[len(t), t.count(" ")] for t in texts], dtype=torch.float32)), None
+
+    monkeypatch.setattr("llmedu.cramming.study.minilm_features", minilm_features)
+    for module in ("study", "minilm_row"):
+        monkeypatch.setattr(f"llmedu.cramming.{module}.minilm_scorer", minilm_scorer)
+    monkeypatch.setattr("llmedu.cramming.study.finetune_scorer", finetune_scorer)
+    return calls, stop_at
+
+
+def _expected_calls(tasks, n=32):
+    """The fine-tunes a study runs for one row: every rate on dev (seed 0), the chosen rate on test with every seed
+    (0, 1 and the added 2), the label curve's slice of 8 with the study's own seeds (all labels: the test runs)."""
+    dev = [(t, "dev", lr, 0, n) for t in tasks for lr in CONFIG.lrs]
+    test = [(t, "test", CHOSEN[t], s, n) for t in tasks for s in (0, 1, 2)]
+    curve = [(t, "test", CHOSEN[t], s, 8) for t in tasks for s in (0, 1)]
+    return sorted(dev + test + curve)
+
+
+def _without_seconds(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "seconds"}
+
+
+def test_the_added_row_is_the_row_of_a_study_that_fine_tuned_minilm_itself(tiny_cramming_run, tmp_path, scripted):
+    calls, _ = scripted
+    runs = {"crammed": tiny_cramming_run}
+    run_study(runs, CONFIG, out=tmp_path / "probe_only.json", progress=False)
+    before = add_seeds(tmp_path / "probe_only.json", runs, [2], out=tmp_path / "study.json", progress=False)
+    calls.clear()
+    journal = tmp_path / "journal.json"
+    added = add_minilm(tmp_path / "study.json", journal, out=tmp_path / "added.json", progress=False)
+    assert sorted(calls) == _expected_calls(CONFIG.tasks)
+    run_study(runs, replace(CONFIG, minilm_finetune=True), out=tmp_path / "whole.json", progress=False)
+    whole = add_seeds(tmp_path / "whole.json", runs, [2], progress=False)  # MiniLM fine-tuned from the start
+    for task in CONFIG.tasks:
+        ours, theirs = added["tasks"][task]["models"], whole["tasks"][task]["models"]
+        assert list(ours) == list(theirs)  # the row where a study puts it
+        assert _without_seconds(ours[ROW]) == _without_seconds(theirs[ROW])
+        assert ours[ROW]["lr"] == CHOSEN[task] and len(set(ours[ROW]["test"]["scores"])) == 3
+        assert {k: v for k, v in ours.items() if k != ROW} == before["tasks"][task]["models"]  # the rest untouched
+    assert added["average"] == whole["average"] and list(added["average"]) == list(whole["average"])
+    assert added["config"] == whole["config"] and added["config"]["minilm_finetune"]
+    assert added["added_minilm"] | {"seconds": None} == {"journal": str(journal), "trained": 16, "read": 0,
+                                                         "seconds": None}  # fmt: skip
+    assert json.loads((tmp_path / "added.json").read_text()) == added
+    runs_journaled = json.loads(journal.read_text())["runs"]
+    assert len(runs_journaled) == 16 and not list(tmp_path.glob("*.part"))
+    # the same command again reads every score back from the journal and trains nothing
+    calls.clear()
+    again = add_minilm(tmp_path / "study.json", journal, out=tmp_path / "again.json", progress=False)
+    assert calls == [] and again["added_minilm"]["trained"] == 0 and again["added_minilm"]["read"] == 16
+    assert again["tasks"] == added["tasks"] and again["average"] == added["average"]
+    with pytest.raises(ValueError, match=f"has a '{ROW}' row already"):
+        add_minilm(tmp_path / "added.json", journal, progress=False)
+    from llmedu.cramming.__main__ import main  # the same from the command line
+
+    cli = main(["add-minilm", "--study", str(tmp_path / "study.json"), "--journal", str(journal),
+                "--out", str(tmp_path / "cli.json")])  # fmt: skip
+    assert cli["trained"] == 0 and cli["read"] == 16 and cli["average"][ROW] == round(added["average"][ROW]["mean"], 4)
+    assert json.loads((tmp_path / "cli.json").read_text())["tasks"] == added["tasks"]
+
+
+def test_a_stopped_run_trains_only_what_its_journal_lacks(tiny_cramming_run, tmp_path, scripted):
+    calls, stop_at = scripted
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
+    journal, out = tmp_path / "journal.json", tmp_path / "added.json"
+    stop_at.add(("bbc_news", "test"))  # stopped after bbc_news's dev sweep
+    with pytest.raises(KeyboardInterrupt):
+        add_minilm(tmp_path / "study.json", journal, out=out, progress=False)
+    assert not out.exists()  # the study is written once, whole
+    kept = json.loads(journal.read_text())["runs"]
+    assert sorted((e["task"], e["scored_on"], e["lr"], e["seed"], e["train"]) for e in kept.values()) == sorted(calls)
+    assert len(kept) == 3 + 2 + 2 + 3  # rotten_tomatoes's sweep, test seeds and curve; bbc_news's sweep
+    stop_at.clear()
+    calls.clear()
+    resumed = add_minilm(tmp_path / "study.json", journal, out=out, progress=False)
+    assert sorted(calls) == sorted((t, "test", 4e-4, s, n) for s, n in [(0, 32), (1, 32), (0, 8), (1, 8)]
+                                   for t in ["bbc_news"])  # fmt: skip
+    assert resumed["added_minilm"]["trained"] == 4 and resumed["added_minilm"]["read"] == 10
+    calls.clear()
+    once = add_minilm(tmp_path / "study.json", tmp_path / "fresh.json", out=tmp_path / "once.json", progress=False)
+    assert len(calls) == 14 and once["tasks"] == resumed["tasks"] and once["average"] == resumed["average"]
+
+
+def test_a_study_borrowing_its_controls_finds_minilm_in_the_journal(tiny_cramming_run, tmp_path, scripted):
+    calls, _ = scripted
+    runs = {"again": tiny_cramming_run}
+    first = tmp_path / "first.json"
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=first, progress=False)
+    run_study(runs, CONFIG, out=tmp_path / "second.json", progress=False, controls_from=first)
+    journal = tmp_path / "journal.json"
+    one = add_minilm(first, journal, out=tmp_path / "first_added.json", progress=False)
+    calls.clear()
+    two = add_minilm(tmp_path / "second.json", journal, out=tmp_path / "second_added.json", progress=False)
+    assert calls == [] and two["added_minilm"]["trained"] == 0  # the same protocol and splits: every run journaled
+    assert two["tasks"]["bbc_news"]["models"][ROW] == one["tasks"]["bbc_news"]["models"][ROW]
+    with pytest.raises(ValueError, match=f"{ROW} can be neither trained nor borrowed here"):
+        add_seeds(tmp_path / "second_added.json", runs, [2], progress=False)  # its controls come from first.json
+
+
+def test_journals_of_other_fine_tunes_and_bad_files_are_refused(tiny_cramming_run, tmp_path, scripted):
+    calls, _ = scripted
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
+    run_study({"crammed": tiny_cramming_run}, replace(CONFIG, epochs=2), out=tmp_path / "two.json", progress=False)
+    add_minilm(tmp_path / "two.json", tmp_path / "journal.json", progress=False)  # fine-tunes of 2 epochs
+    calls.clear()
+    with pytest.raises(ValueError, match=r"journal.json journals 'MiniLM-L6' fine-tuned with .*'epochs': 2"):
+        add_minilm(tmp_path / "study.json", tmp_path / "journal.json", progress=False)
+    (tmp_path / "broken.json").write_text('{"kind": "llmedu fine-tune journal", "runs": {')  # cut short
+    with pytest.raises(ValueError, match="broken.json is not a fine-tune journal"):
+        add_minilm(tmp_path / "study.json", tmp_path / "broken.json", progress=False)
+    (tmp_path / "other.json").write_text(json.dumps({"runs": {}}))
+    with pytest.raises(ValueError, match="other.json is not a fine-tune journal"):
+        add_minilm(tmp_path / "study.json", tmp_path / "other.json", progress=False)
+    study = json.loads((tmp_path / "study.json").read_text())
+    study["tasks"]["bbc_news"]["sizes"]["test"] += 1
+    (tmp_path / "resized.json").write_text(json.dumps(study))
+    with pytest.raises(ValueError, match=r"bbc_news: the splits are .* here and .* in .*resized.json"):
+        add_minilm(tmp_path / "resized.json", tmp_path / "new.json", progress=False)
+    assert calls == []  # every task's splits are checked before the first fine-tune
+
+
+def test_a_stop_while_writing_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    from llmedu.cramming.study import write_results
+
+    out = tmp_path / "journal.json"
+    write_results(out, {"runs": {"a": 1}})
+
+    def stopped(src, dst):
+        raise KeyboardInterrupt("stopped between writing and replacing")
+
+    monkeypatch.setattr("llmedu.cramming.study.os.replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        write_results(out, {"runs": {"a": 1, "b": 2}})
+    assert json.loads(out.read_text()) == {"runs": {"a": 1}}  # the new version never half-replaced the old
