@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from llmedu.cramming.evaluate import make_splits
-from llmedu.cramming.minilm_row import ROW, add_minilm
+from llmedu.cramming.minilm_row import CHECK, ROW, add_minilm
 from llmedu.cramming.more_seeds import add_seeds
 from llmedu.cramming.study import StudyConfig, run_study
+from llmedu.cramming.widen_sweep import widen_sweep
 
 CONFIG = StudyConfig(tasks=("rotten_tomatoes", "bbc_news"), lrs=(1e-4, 4e-4, 8e-4), seeds=(0, 1), label_sizes=(8, None),
                      epochs=1, max_train=32, max_eval=16, minilm_finetune=False)  # fmt: skip
@@ -19,8 +20,8 @@ CHOSEN = {"rotten_tomatoes": 1e-4, "bbc_news": 4e-4}  # rotten_tomatoes: a tie, 
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """MiniLM's and our fine-tunes scored from a script (dev by ``DEV``; test by the rate, seed and train size, so a
-    wrong rate, seed or label slice shows). MiniLM's calls are recorded as (task, split, lr, seed, n)."""
+    """MiniLM's and our fine-tunes scored from a script (dev by ``DEV``; test by the rate, the seed, the train size
+    and its labels, so a wrong rate, seed or label slice shows). MiniLM's calls are recorded as (task, split, lr, seed, n)."""
     splits = {t: make_splits(t, CONFIG.dev_fraction, max_train=32, max_eval=16) for t in CONFIG.tasks}
     named = {s.dev: (t, "dev") for t, s in splits.items()} | {s.test: (t, "test") for t, s in splits.items()}
     calls, stop_at = [], set()
@@ -31,7 +32,9 @@ def scripted(monkeypatch):
             if (task, split) in stop_at:
                 raise KeyboardInterrupt(f"stopped at {task} {split}")
             calls.append((task, split, lr, seed, len(train)))
-            return DEV[task][lr] if split == "dev" else 0.6 + 100 * lr + seed / 100 + len(train) / 1e4
+            if split == "dev":
+                return DEV[task][lr]
+            return 0.6 + 100 * lr + seed / 100 + len(train) / 1e4 + sum(train.labels) / 1e6  # the labels: which slice
 
         return score
 
@@ -81,7 +84,7 @@ def test_the_added_row_is_the_row_of_a_study_that_fine_tuned_minilm_itself(tiny_
     assert added["average"] == whole["average"] and list(added["average"]) == list(whole["average"])
     assert added["config"] == whole["config"] and added["config"]["minilm_finetune"]
     assert added["added_minilm"] | {"seconds": None} == {"journal": str(journal), "trained": 16, "read": 0,
-                                                         "seconds": None}  # fmt: skip
+                                                         "seconds": None, "at_edge": {"rotten_tomatoes": 1e-4}}  # fmt: skip
     assert json.loads((tmp_path / "added.json").read_text()) == added
     runs_journaled = json.loads(journal.read_text())["runs"]
     assert len(runs_journaled) == 16 and not list(tmp_path.glob("*.part"))
@@ -134,8 +137,7 @@ def test_a_study_borrowing_its_controls_finds_minilm_in_the_journal(tiny_crammin
     two = add_minilm(tmp_path / "second.json", journal, out=tmp_path / "second_added.json", progress=False)
     assert calls == [] and two["added_minilm"]["trained"] == 0  # the same protocol and splits: every run journaled
     assert two["tasks"]["bbc_news"]["models"][ROW] == one["tasks"]["bbc_news"]["models"][ROW]
-    with pytest.raises(ValueError, match=f"{ROW} can be neither trained nor borrowed here"):
-        add_seeds(tmp_path / "second_added.json", runs, [2], progress=False)  # its controls come from first.json
+    assert two["added_minilm"]["read"] == one["added_minilm"]["trained"] == 14
 
 
 def test_journals_of_other_fine_tunes_and_bad_files_are_refused(tiny_cramming_run, tmp_path, scripted):
@@ -144,7 +146,7 @@ def test_journals_of_other_fine_tunes_and_bad_files_are_refused(tiny_cramming_ru
     run_study({"crammed": tiny_cramming_run}, replace(CONFIG, epochs=2), out=tmp_path / "two.json", progress=False)
     add_minilm(tmp_path / "two.json", tmp_path / "journal.json", progress=False)  # fine-tunes of 2 epochs
     calls.clear()
-    with pytest.raises(ValueError, match=r"journal.json journals 'MiniLM-L6' fine-tuned with .*'epochs': 2"):
+    with pytest.raises(ValueError, match=r"journal.json journals other fine-tunes \(settings: .*'epochs': 2"):
         add_minilm(tmp_path / "study.json", tmp_path / "journal.json", progress=False)
     (tmp_path / "broken.json").write_text('{"kind": "llmedu fine-tune journal", "runs": {')  # cut short
     with pytest.raises(ValueError, match="broken.json is not a fine-tune journal"):
@@ -152,12 +154,55 @@ def test_journals_of_other_fine_tunes_and_bad_files_are_refused(tiny_cramming_ru
     (tmp_path / "other.json").write_text(json.dumps({"runs": {}}))
     with pytest.raises(ValueError, match="other.json is not a fine-tune journal"):
         add_minilm(tmp_path / "study.json", tmp_path / "other.json", progress=False)
+    journal = json.loads((tmp_path / "journal.json").read_text())
+    (tmp_path / "old_torch.json").write_text(json.dumps(journal | {"torch": "1.0"}))
+    with pytest.raises(ValueError, match=r"old_torch.json journals other fine-tunes \(torch: 1.0 there"):
+        add_minilm(tmp_path / "two.json", tmp_path / "old_torch.json", progress=False)
+    with pytest.raises(ValueError, match="another file than the journal"):
+        add_minilm(tmp_path / "study.json", tmp_path / "journal.json", out=tmp_path / "journal.json")
+    assert calls == []  # nothing trained for any refusal
+
+
+def _tampered(tmp_path, name: str, change) -> str:
     study = json.loads((tmp_path / "study.json").read_text())
-    study["tasks"]["bbc_news"]["sizes"]["test"] += 1
-    (tmp_path / "resized.json").write_text(json.dumps(study))
-    with pytest.raises(ValueError, match=r"bbc_news: the splits are .* here and .* in .*resized.json"):
-        add_minilm(tmp_path / "resized.json", tmp_path / "new.json", progress=False)
-    assert calls == []  # every task's splits are checked before the first fine-tune
+    change(study)
+    (tmp_path / name).write_text(json.dumps(study))
+    return tmp_path / name
+
+
+def test_a_study_that_is_not_finished_or_not_on_its_splits_is_refused(tiny_cramming_run, tmp_path, scripted):
+    calls, _ = scripted
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
+    refusals = {
+        "other splits": lambda s: s["tasks"]["bbc_news"]["models"][CHECK]["test"].update(mean=0.5),
+        "not a finished study": lambda s: s["tasks"].pop("bbc_news"),
+        "not a finished study ": lambda s: s["average"].pop("random init"),
+        "holds another number of test scores": lambda s: s.update(added_seeds={"seeds": [2], "seconds": {}}),
+        "without MiniLM's rows": lambda s: s["config"].update(minilm=False),
+    }
+    for i, (message, change) in enumerate(refusals.items()):
+        with pytest.raises(ValueError, match=message.strip()):
+            add_minilm(_tampered(tmp_path, f"bad{i}.json", change), tmp_path / "journal.json", progress=False)
+    assert calls == [] and not (tmp_path / "journal.json").exists()  # refused before anything trained
+    import fcntl  # a second writer of the same journal is refused while the first holds it
+
+    with open(tmp_path / "journal.json.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match="another process is writing .*journal.json"):
+            add_minilm(tmp_path / "study.json", tmp_path / "journal.json", progress=False)
+    assert calls == []
+
+
+def test_more_seeds_and_widening_refuse_a_study_with_the_added_row(tiny_cramming_run, tmp_path, scripted):
+    runs = {"crammed": tiny_cramming_run}
+    run_study(runs, CONFIG, out=tmp_path / "study.json", progress=False)
+    add_minilm(tmp_path / "study.json", tmp_path / "journal.json", out=tmp_path / "added.json", progress=False)
+    with pytest.raises(ValueError, match="holds a MiniLM row that add-minilm added, its runs journaled in"):
+        add_seeds(tmp_path / "added.json", runs, [2], progress=False)
+    with pytest.raises(ValueError, match="holds a MiniLM row that add-minilm added"):
+        widen_sweep(tmp_path / "added.json", runs, [1e-3], out=tmp_path / "wide.json", progress=False)
+    with pytest.raises(ValueError, match="add-minilm added its MiniLM row: borrow from the study it was added to"):
+        run_study(runs, CONFIG, progress=False, controls_from=tmp_path / "added.json")
 
 
 def test_a_stop_while_writing_leaves_the_previous_file_whole(tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ probe_curve run_probe_curve: the linear probe at a run's checkpoints against ran
             opens (the reading in probe_curve_report)
 more_seeds  add_seeds: more test seeds for a finished study's fine-tuned rows, at the rates dev chose
 widen_sweep widen_sweep: more rates in a finished study's sweep, test run again where the choice moves
+minilm_row  add_minilm: MiniLM fine-tuned added to a finished study, every fine-tune journaled (hours on a CPU)
 significance paired_gap: the paired t-test of a gap over seeds, and the exact sign-flip test beside it
 cli         the command line's commands and options (__main__ runs them)
 
@@ -32,6 +33,7 @@ python -m llmedu.cramming vocab --budget 3m --out runs/vocab.json
 python -m llmedu.cramming probe-curve --run runs/crammed --out runs/probe_curve.json
 python -m llmedu.cramming more-seeds --study runs/evaluation.json --runs crammed=runs/crammed --seeds 3 4 --out runs/evaluation.json
 python -m llmedu.cramming widen-sweep --study runs/evaluation.json --runs crammed=runs/crammed --lrs 1.6e-3 --out runs/wide.json
+python -m llmedu.cramming add-minilm --study runs/wide.json --journal runs/minilm_journal.json --out runs/wide.json
 python -m llmedu.cramming bench
 """
 

@@ -3,43 +3,63 @@
     python -m llmedu.cramming add-minilm --study study.json --journal minilm_journal.json --out study.json
 
 Lesson 22's studies keep all-MiniLM-L6-v2 as a linear probe only (``--minilm-probe-only``): on 2 CPU cores one of
-its fine-tunes takes about 5 minutes on Rotten Tomatoes where ours takes under one, and the studies' protocol
-(six rates on dev, five test seeds, label curves over three seeds, three tasks) asks about 40 of them per
-model: hours. This adds the row ``MiniLM-L6`` afterwards, as the study would have run it: ``evaluate.protocol``
-with the study's rates and every test seed it holds (its own and any ``more_seeds`` added), then
-``evaluate.label_efficiency`` at the chosen rate with the study's own seeds, as every other row's curve; the
-task averages are computed again, ``config.minilm_finetune`` becomes true and ``added_minilm`` says how.
+its fine-tunes on 2,000 Rotten Tomatoes reviews takes about 5 minutes, six times ours, and the widened studies'
+protocol asks 20 fine-tunes per task (six rates on dev, five test seeds, label curves of three sizes over three
+seeds), about thirteen of them full-size: some four hours for three tasks. This adds the row ``MiniLM-L6``
+afterwards, as the study would have run it: ``evaluate.protocol`` with the study's rates and every test seed it
+holds (its own and any ``more_seeds`` added), then ``evaluate.label_efficiency`` at the chosen rate with the
+study's own seeds, as every other row's curve; the task averages are computed again, ``config.minilm_finetune``
+becomes true, and ``added_minilm`` says how (the journal, runs trained and read, seconds, any choice at the edge
+of the grid, which ``widen_sweep`` calls a handicap: the grid was set for our encoders, not for MiniLM).
+
+The study must be finished and its splits the ones it was scored on: every task of its config, an average for
+every row, a test score per seed in every fine-tuned row, and its TF-IDF row, scored again here (seconds,
+deterministic), repeating its dev and test accuracy on every task, as the random-init probe does for
+``more_seeds``: the same examples in each split, not only the same counts.
 
 Hours of fine-tuning must not be lost to a closed laptop. Every fine-tune's score goes into a journal (JSON,
-replaced whole after each run, so a stop leaves the last complete one), under a key made of what determines
-the score: digests of the training and the scored examples, the rate and the seed; the journal itself names
-the row and the fine-tuning settings, and refuses a run with others. Run the same command again and every
-score the journal holds is read back; only the rest trains. A second study with the same protocol and splits
-(lesson 22's hour, whose controls come from the half-hour's) finds every run in the journal and trains nothing.
-The study's file is written once, when every task is done, so ``--out`` may be ``--study`` itself.
+replaced whole and synced after each run, so a stop leaves the last complete one), under a key of digests of the
+training and the scored examples, the rate and the seed; the journal names the row, the fine-tuning settings, a
+digest of MiniLM's files and the torch and transformers versions, and refuses a run with others. Run the same
+command again and every score the journal holds is read back; only the rest trains. A second study with the same
+protocol and splits (lesson 22's hour, whose controls come from the half-hour's) finds every run there and
+trains nothing. One process at a time may write a journal (a lock, released when the process ends, however it
+ends). The study's file is written once, when every task is done, so ``--out`` may be ``--study`` itself.
+``more_seeds`` and ``widen_sweep`` refuse a study with the added row: grow the study it was added to, then add
+the row again with the same journal (the runs it holds are read back).
 
-Left out: journaling the other rows (ours take minutes) and sharing one journal between processes.
+Left out: the code of the fine-tune is not in the key (a change to ``finetune.fit_classifier`` needs a new
+journal), and journaling the other rows (ours take a minute).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, replace
+from importlib.metadata import version
 from pathlib import Path
 
-from .encoders import minilm_scorer
+import torch
+
+from ..data.references import reference_files
+from .encoders import baseline_scorers, minilm_scorer
 from .evaluate import Data, Scorer, Splits, label_efficiency, make_splits, protocol, task_average
 from .finetune import FIXED
-from .more_seeds import _config, _test_seeds
+from .more_seeds import _config, _test_seeds, _tuned_rows
 from .report import load_study
 from .study import print_row, write_results
+from .widen_sweep import _check_seeds
 
-__all__ = ["ROW", "add_minilm", "load_journal"]
+__all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
 
 ROW = "MiniLM-L6"  # the row's name, as ``study._models`` gives it when a study fine-tunes MiniLM itself
+CHECK = "TF-IDF + logistic regression"  # scored again: the splits must be the study's, example for example
 _KIND = "llmedu fine-tune journal"
+_TOLERANCE = 1e-6  # the check must repeat exactly: the same features and a convex fit
 
 
 def _digest(data: Data) -> str:
@@ -48,23 +68,51 @@ def _digest(data: Data) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_journal(path, settings: dict) -> dict:
-    """The journal at ``path`` (a new, empty one if there is none); an error for another row's or settings'."""
+def journal_identity(settings: dict) -> dict:
+    """What a journaled score depends on besides its data, rate and seed: the row, the fine-tuning settings,
+    MiniLM's files (a digest) and the versions of the code that trains it."""
+    files = hashlib.sha256()
+    for name, path in sorted(reference_files("all-minilm-l6-v2").items()):
+        files.update(name.encode() + path.read_bytes())
+    return {
+        "row": ROW,
+        "settings": settings,
+        "model_files": files.hexdigest()[:16],
+        "torch": torch.__version__,
+        "transformers": version("transformers"),
+    }
+
+
+def load_journal(path, identity: dict) -> dict:
+    """The journal at ``path`` (a new, empty one if there is none); an error for a file that is not one, or one
+    whose runs were made by another row, settings, model or library version."""
     path = Path(path)
     if not path.exists():
-        return {"kind": _KIND, "row": ROW, "settings": settings, "runs": {}}
+        return {"kind": _KIND, **identity, "runs": {}}
     try:
         journal = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not a fine-tune journal: {error}") from None
     if not isinstance(journal, dict) or journal.get("kind") != _KIND or not isinstance(journal.get("runs"), dict):
         raise ValueError(f"{path} is not a fine-tune journal (no 'kind': {_KIND!r} and 'runs')")
-    if journal.get("row") != ROW or journal.get("settings") != settings:
-        raise ValueError(
-            f"{path} journals {journal.get('row')!r} fine-tuned with {journal.get('settings')}; this study fine-tunes "
-            f"{ROW!r} with {settings}: its scores do not apply (give another --journal)"
-        )
+    differ = [f"{k}: {journal.get(k)} there, {v} here" for k, v in identity.items() if journal.get(k) != v]
+    if differ:
+        raise ValueError(f"{path} journals other fine-tunes ({'; '.join(differ)}): its scores do not apply")
     return journal
+
+
+@contextmanager
+def _locked(path):
+    """Hold ``path``.lock while writing the journal: two writers would each drop the other's runs. The kernel
+    releases the lock when the process ends, so a killed run leaves nothing to clean up."""
+    lock = Path(path).with_name(Path(path).name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another process is writing {path} (it holds {lock}): wait for it to end") from None
+        yield
 
 
 def _journaled(scorer: Scorer, journal: dict, path, task: str, splits: Splits, used: list, progress: bool) -> Scorer:
@@ -93,54 +141,88 @@ def _journaled(scorer: Scorer, journal: dict, path, task: str, splits: Splits, u
     return score
 
 
-def _check(study: dict, source) -> None:
+def _check(study: dict, source) -> list[int]:
+    """The study's test seeds, once it is shown finished and without the row; an error otherwise."""
+    config = _config(study)
     if any(ROW in entry["models"] for entry in study["tasks"].values()):
         raise ValueError(f"{source} has a {ROW!r} row already")
-    if study.get("widened", {}).get("unfinished"):
-        raise ValueError(f"{source} is a stopped widening: finish it first (widen-sweep)")
+    if not config.minilm:
+        raise ValueError(f"{source} was run without MiniLM's rows (--no-minilm): its protocol leaves MiniLM out")
+    rows = list(next(iter(study["tasks"].values()))["models"])
+    unfinished = study.get("widened", {}).get("unfinished")
+    if unfinished or list(study["tasks"]) != list(config.tasks) or set(study["average"]) != set(rows):
+        raise ValueError(f"{source} is not a finished study (a task, or an average, is missing): finish it first")
+    if CHECK not in rows:
+        raise ValueError(f"{source} has no {CHECK!r} row, which checks its splits")
+    seeds = _test_seeds(study)
+    _check_seeds(study, _tuned_rows(study), seeds, source)
+    return seeds
+
+
+def _check_splits(study: dict, config, source) -> dict[str, Splits]:
+    """Each task's splits, once its TF-IDF row repeats the study's on dev and test: the same examples."""
+    tfidf, splits_of = baseline_scorers()[CHECK], {}
+    for task, entry in study["tasks"].items():
+        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        theirs = entry["models"][CHECK]
+        ours = {"dev": tfidf(splits.train, splits.dev, None, 0), "test": tfidf(splits.train, splits.test, None, 0)}
+        if (
+            abs(ours["dev"] - theirs["dev"]["None"]) > _TOLERANCE
+            or abs(ours["test"] - theirs["test"]["mean"]) > _TOLERANCE
+        ):
+            raise ValueError(
+                f"{task}: {CHECK} scores {ours['dev']:.6f} on dev and {ours['test']:.6f} on test here, "
+                f"{theirs['dev']['None']:.6f} and {theirs['test']['mean']:.6f} in {source}: other splits"
+            )
+        splits_of[task] = splits
+    return splits_of
 
 
 def _with_row(models: dict, result: dict) -> dict:
-    """``models`` with the row placed where a study of its own puts it: before MiniLM's probe, or last."""
+    """``models`` with the row placed where a study of its own puts it: before MiniLM's probe."""
     names = list(models)
-    at = names.index(f"{ROW}, linear probe") if f"{ROW}, linear probe" in names else len(names)
+    at = names.index(f"{ROW}, linear probe")
     return {**{n: models[n] for n in names[:at]}, ROW: result, **{n: models[n] for n in names[at:]}}
 
 
 def add_minilm(study_file, journal_file, out=None, progress: bool = True) -> dict:
     """``study_file`` with the row ``MiniLM-L6`` added under its protocol; written to ``out`` (JSON) when done.
     Scores come from ``journal_file`` where it holds them; every new fine-tune is journaled as it ends."""
+    if out is not None and Path(out).resolve() == Path(journal_file).resolve():
+        raise ValueError(f"write the study to another file than the journal {journal_file}")
     study = load_study(study_file)
-    _check(study, study_file)
-    config, seeds = _config(study), _test_seeds(study)
+    seeds = _check(study, study_file)
+    config = _config(study)
     settings = replace(FIXED, epochs=config.epochs)
-    journal = load_journal(journal_file, asdict(settings))
+    splits_of = _check_splits(study, config, study_file)
     scorer = minilm_scorer(settings)
-    splits_of = {}
-    for task, entry in study["tasks"].items():  # every task's splits checked before anything trains
-        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
-        if splits.sizes() != entry["sizes"]:
-            raise ValueError(f"{task}: the splits are {splits.sizes()} here and {entry['sizes']} in {study_file}")
-        splits_of[task] = splits
-    record = {"journal": str(journal_file), "trained": 0, "read": 0, "seconds": {}}
-    for task, entry in study["tasks"].items():
-        splits, used, before = splits_of[task], [], len(journal["runs"])
-        score = _journaled(scorer, journal, journal_file, task, splits, used, progress)
-        result = protocol(score, splits, config.lrs, seeds)
-        if config.label_sizes:
-            curve_seeds = list(config.seeds)  # every row's curve has the study's own seeds
-            all_labels = result["test"]["scores"][: len(curve_seeds)]
-            result["label_efficiency"] = label_efficiency(
-                score, splits, result["lr"], config.label_sizes, curve_seeds, all_labels
-            )
-        result["seconds"] = round(sum(e["seconds"] for e in used), 1)  # the fine-tunes' own time, whenever run
-        entry["models"] = _with_row(entry["models"], result)
-        trained = len(journal["runs"]) - before
-        record["trained"] += trained
-        record["read"] += len(used) - trained
-        record["seconds"][task] = result["seconds"]
-        if progress:
-            print_row(task, ROW, result)
+    record = {"journal": str(journal_file), "trained": 0, "read": 0, "seconds": {}, "at_edge": {}}
+    with _locked(journal_file):  # read under the lock too: a writer that just ended may have added runs
+        journal = load_journal(journal_file, journal_identity(asdict(settings)))  # checked before the first fine-tune
+        for task, entry in study["tasks"].items():
+            splits, used, before = splits_of[task], [], len(journal["runs"])
+            score = _journaled(scorer, journal, journal_file, task, splits, used, progress)
+            result = protocol(score, splits, config.lrs, seeds)
+            if result["lr"] in (min(config.lrs), max(config.lrs)):
+                record["at_edge"][task] = result["lr"]
+                if progress:
+                    print(
+                        f"{task:<16} {ROW}: chose {result['lr']}, the edge of the grid {list(config.lrs)}", flush=True
+                    )
+            if config.label_sizes:
+                curve_seeds = list(config.seeds)  # every row's curve has the study's own seeds
+                all_labels = result["test"]["scores"][: len(curve_seeds)]
+                result["label_efficiency"] = label_efficiency(
+                    score, splits, result["lr"], config.label_sizes, curve_seeds, all_labels
+                )
+            result["seconds"] = round(sum(e["seconds"] for e in used), 1)  # the fine-tunes' own time, whenever run
+            entry["models"] = _with_row(entry["models"], result)
+            trained = len(journal["runs"]) - before
+            record["trained"] += trained
+            record["read"] += len(used) - trained
+            record["seconds"][task] = result["seconds"]
+            if progress:
+                print_row(task, ROW, result)
     average = {t: e["models"][ROW] for t, e in study["tasks"].items()}
     study["average"] = _with_row(study["average"], task_average(average))
     study["config"]["minilm_finetune"] = True

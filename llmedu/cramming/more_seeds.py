@@ -47,14 +47,13 @@ def _tuned_rows(study: dict) -> list[str]:
     return [row for row, result in next(iter(study["tasks"].values()))["models"].items() if result["lr"] is not None]
 
 
-def _check_scorable(rows: list[str], models: dict, borrowed: list[str], source) -> None:
-    """Every fine-tuned row must be trained here or borrowed: a row ``add_minilm`` added to a study that borrows
-    its controls is neither (its fine-tunes live in a journal), so the study cannot grow it."""
-    orphans = [row for row in rows if row not in models and row not in borrowed]
-    if orphans:
+def _check_not_added(study: dict, source) -> None:
+    """A row that ``minilm_row.add_minilm`` added has its runs in a journal, which this module does not keep."""
+    if "added_minilm" in study:
         raise ValueError(
-            f"{source}: {', '.join(orphans)} can be neither trained nor borrowed here (a row add-minilm added to a "
-            "study that borrows its controls): grow the study before adding that row"
+            f"{source} holds a MiniLM row that add-minilm added, its runs journaled in "
+            f"{study['added_minilm']['journal']}: grow the study it was added to, then add-minilm again with that "
+            "journal (it reads back the runs it holds)"
         )
 
 
@@ -76,6 +75,7 @@ def add_seeds(
     as recorded, or the widened copy of it a widened study took them from; name another file when the seeds
     were added to a copy of it)."""
     study = load_study(study_file)
+    _check_not_added(study, study_file)
     config, seeds = _config(study), [int(s) for s in seeds]
     before = study.get("added_seeds", {"seeds": [], "seconds": {}})  # seeds added by an earlier call
     done = _test_seeds(study)
@@ -90,7 +90,6 @@ def add_seeds(
     their_seeds = _test_seeds(source) if borrowed else []
     models = _models(ordered, config, controls=not borrowed)
     tuned = _tuned_rows(study)
-    _check_scorable(tuned, models, borrowed, study_file)
     record = {"seeds": before["seeds"] + seeds, "rows": tuned, "seconds": dict(before["seconds"])}
     if borrowed:
         record["controls_from"] = str(source_file)

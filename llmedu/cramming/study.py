@@ -149,7 +149,14 @@ def _check_borrowing(earlier: dict, config: StudyConfig, source) -> None:
     then = earlier["config"]
     differ = [f"{k}: {then.get(k)} there, {now[k]} here" for k in now if then.get(k) != now[k]]
     if differ:
-        raise ValueError(f"{source} was run with another protocol ({'; '.join(differ)}): its controls do not apply")
+        added = (
+            " (add-minilm added its MiniLM row: borrow from the study it was added to)"
+            if "added_minilm" in earlier
+            else ""
+        )
+        raise ValueError(
+            f"{source} was run with another protocol ({'; '.join(differ)}): its controls do not apply{added}"
+        )
     missing = [t for t in config.tasks if t not in earlier["tasks"]]
     if missing:
         raise ValueError(f"{source} has no results for {', '.join(missing)}")
@@ -237,5 +244,8 @@ def write_results(out, results: dict) -> None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         part = out.with_name(out.name + ".part")
-        part.write_text(json.dumps(results, indent=1))
+        with open(part, "w") as handle:
+            handle.write(json.dumps(results, indent=1))
+            handle.flush()
+            os.fsync(handle.fileno())  # on disk before it replaces the old: a power cut leaves one or the other
         os.replace(part, out)

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .evaluate import best_rate, label_efficiency, make_splits, summarize, task_average
-from .more_seeds import _check_runs, _check_scorable, _config, _test_seeds, _tuned_rows
+from .more_seeds import _check_not_added, _check_runs, _config, _test_seeds, _tuned_rows
 from .report import load_study
 from .study import FINGERPRINT, _models, check_fingerprint, print_row, write_results
 
@@ -89,6 +89,7 @@ def widen_sweep(
             f"write the widened study to another file than {study_file}: a stopped widening starts again from it"
         )
     study = load_study(study_file)
+    _check_not_added(study, study_file)
     if "widened" in study:
         raise ValueError(f"{study_file} was widened already: widen the study it came from, with all the rates at once")
     config = _config(study)
@@ -110,7 +111,6 @@ def widen_sweep(
         }
     ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
     models = _models(ordered, config, controls="controls_from" not in study)
-    _check_scorable(tuned, models, borrowed, study_file)
     record = {"lrs": new, "rows": tuned, "moved": {}, "seconds": {}, "unfinished": True}
     if borrowed:
         record["controls_from"] = str(source_file)
