@@ -292,3 +292,17 @@ def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_r
     (tmp_path / "moved.json").write_text(json.dumps(moved))
     with pytest.raises(ValueError, match="random-init probe scores"):
         run_study({"c": tiny_cramming_run}, config, progress=False, controls_from=tmp_path / "moved.json")
+
+
+def test_a_pretraining_run_that_did_not_finish_is_refused(tiny_cramming_run, tmp_path):
+    """A stopped run keeps its run.json and a checkpoint but writes no summary.json: evaluating that checkpoint as
+    the run would report a shorter pretraining than the one named."""
+    import shutil
+
+    from llmedu.cramming.study import run_study
+
+    stopped = tmp_path / "stopped"
+    shutil.copytree(tiny_cramming_run, stopped)
+    (stopped / "summary.json").unlink()
+    with pytest.raises(ValueError, match=r"stopped holds a pretraining run that did not finish .*--resume"):
+        run_study({"crammed": stopped}, StudyConfig(tasks=("rotten_tomatoes",)), progress=False)

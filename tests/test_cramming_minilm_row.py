@@ -218,3 +218,11 @@ def test_a_stop_while_writing_leaves_the_previous_file_whole(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         write_results(out, {"runs": {"a": 1, "b": 2}})
     assert json.loads(out.read_text()) == {"runs": {"a": 1}}  # the new version never half-replaced the old
+
+
+def test_a_stopped_command_says_how_to_go_on():
+    from llmedu.cramming.__main__ import stopped_message
+
+    assert "run the same command to continue" in stopped_message(["add-minilm", "--study", "s.json"])
+    assert "--resume" in stopped_message(["pretrain", "--budget", "1m"])
+    assert "--resume" not in stopped_message(["widen-sweep", "--lrs", "1e-3"])  # it starts over from the study

@@ -241,12 +241,25 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+_GO_ON = {  # what a stopped command kept, and how to go on from it
+    "pretrain": "the last finished step is saved: run the same command with --resume to continue",
+    "probe-curve": "the finished points are in --out: run the same command with --resume to continue",
+    "add-minilm": "the journal holds every finished fine-tune: run the same command to continue",
+}
+
+
+def stopped_message(argv: list[str]) -> str:
+    """The line printed when a command is stopped (Ctrl-C): what it kept, if it keeps anything."""
+    command = next((word for word in argv if not word.startswith("-")), None)
+    return "stopped; " + _GO_ON.get(command, "run the command again to start it over")
+
+
 if __name__ == "__main__":
     try:
         main()
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # the trainer has saved the last finished step (it printed where)
-        print("stopped; run the same command with --resume to continue", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(stopped_message(sys.argv[1:]), file=sys.stderr)
         sys.exit(130)

@@ -189,6 +189,11 @@ def run_study(
     for folder in runs.values():
         saved = PretrainRun.from_dict(json.loads((Path(folder) / "run.json").read_text()))
         check_no_overlap(config.tasks, saved.corpora)
+        if not (Path(folder) / "summary.json").is_file():  # stopped: its last checkpoint is not the run's end
+            raise ValueError(
+                f"{folder} holds a pretraining run that did not finish (no summary.json): resume it first "
+                f"(python -m llmedu.cramming pretrain --out {folder} --resume, with its budget)"
+            )
     earlier = None
     if controls_from is not None:
         earlier = load_study(controls_from)
@@ -203,7 +208,7 @@ def run_study(
     for name, folder in runs.items():
         summary = Path(folder) / "summary.json"
         results["pretraining"][name] = {
-            "summary": json.loads(summary.read_text()) if summary.is_file() else None,
+            "summary": json.loads(summary.read_text()),
             "unigram_cross_entropy": round(unigram_line(folder), 4),
         }
     models = _models(runs, config, controls=earlier is None)
