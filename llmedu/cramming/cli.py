@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-eval", type=int, default=None, help="cap each task's dev and test splits (quick runs)")
     e.add_argument("--no-minilm", action="store_true", help="leave out the MiniLM rows")
     e.add_argument(
-        "--minilm-probe-only", action="store_true", help="MiniLM's linear probe, not its fine-tunes (~7x ours on a CPU)"
+        "--minilm-probe-only", action="store_true", help="MiniLM's linear probe, not its fine-tunes (~6x ours on a CPU)"
     )
     e.add_argument(
         "--controls-from",

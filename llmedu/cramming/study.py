@@ -10,7 +10,7 @@ For each task of ``StudyConfig.tasks`` (``evaluate.TASKS``) and each model, ``ev
 * each pretraining run, fine-tuned, and its frozen encoder under a linear probe;
 * random weights of the first run's shape, fine-tuned and probed: the control;
 * all-MiniLM-L6-v2, fine-tuned and probed (``minilm=True``; ``minilm_finetune=False`` keeps only the
-  probe, as its fine-tunes cost about 7x ours on a CPU): what far longer pretraining gives;
+  probe, as its fine-tunes cost about 6x ours on a CPU): what far longer pretraining gives;
 * the majority class and TF-IDF + logistic regression.
 
 Every run's pretraining figures go in too: its summary (MLM loss, passes over the data, the
@@ -76,7 +76,7 @@ class StudyConfig:
     max_train: int | None = None  # cap the train split (after the dev split is taken): for quick runs
     max_eval: int | None = None  # cap the dev and test splits: for quick runs
     minilm: bool = True
-    minilm_finetune: bool = True  # False: MiniLM's linear probe only (its fine-tunes cost ~7x ours on a CPU)
+    minilm_finetune: bool = True  # False: MiniLM's linear probe only (its fine-tunes cost ~6x ours on a CPU)
 
     def __post_init__(self):
         for name in self.tasks:
