@@ -51,7 +51,12 @@ from .evaluate import Data, Scorer, Splits, label_efficiency, make_splits, proto
 from .finetune import FIXED
 from .more_seeds import _config, _test_seeds, _tuned_rows
 from .report import load_study
-from .study import print_row, write_results
+from .study import (
+    _TOLERANCE,
+    StudyConfig,
+    print_row,
+    write_results,
+)  # the check repeats exactly, as the study's fingerprint
 from .widen_sweep import _check_seeds
 
 __all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
@@ -59,7 +64,6 @@ __all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
 ROW = "MiniLM-L6"  # the row's name, as ``study._models`` gives it when a study fine-tunes MiniLM itself
 CHECK = "TF-IDF + logistic regression"  # scored again: the splits must be the study's, example for example
 _KIND = "llmedu fine-tune journal"
-_TOLERANCE = 1e-6  # the check must repeat exactly: the same features and a convex fit
 
 
 def _digest(data: Data) -> str:
@@ -141,8 +145,8 @@ def _journaled(scorer: Scorer, journal: dict, path, task: str, splits: Splits, u
     return score
 
 
-def _check(study: dict, source) -> list[int]:
-    """The study's test seeds, once it is shown finished and without the row; an error otherwise."""
+def _check(study: dict, source) -> tuple[StudyConfig, list[int]]:
+    """The study's protocol and test seeds, once it is shown finished and without the row; an error otherwise."""
     config = _config(study)
     if any(ROW in entry["models"] for entry in study["tasks"].values()):
         raise ValueError(f"{source} has a {ROW!r} row already")
@@ -156,11 +160,12 @@ def _check(study: dict, source) -> list[int]:
         raise ValueError(f"{source} has no {CHECK!r} row, which checks its splits")
     seeds = _test_seeds(study)
     _check_seeds(study, _tuned_rows(study), seeds, source)
-    return seeds
+    return config, seeds
 
 
 def _check_splits(study: dict, config, source) -> dict[str, Splits]:
-    """Each task's splits, once its TF-IDF row repeats the study's on dev and test: the same examples."""
+    """Each task's splits, once its TF-IDF row repeats the study's on dev and test: the same examples (to the
+    study's own ``_TOLERANCE``, as its fingerprint probe repeats)."""
     tfidf, splits_of = baseline_scorers()[CHECK], {}
     for task, entry in study["tasks"].items():
         splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
@@ -191,8 +196,7 @@ def add_minilm(study_file, journal_file, out=None, progress: bool = True) -> dic
     if out is not None and Path(out).resolve() == Path(journal_file).resolve():
         raise ValueError(f"write the study to another file than the journal {journal_file}")
     study = load_study(study_file)
-    seeds = _check(study, study_file)
-    config = _config(study)
+    config, seeds = _check(study, study_file)
     settings = replace(FIXED, epochs=config.epochs)
     splits_of = _check_splits(study, config, study_file)
     scorer = minilm_scorer(settings)
