@@ -13,14 +13,16 @@ becomes true, and ``added_minilm`` says how (the journal, runs trained and read,
 of the grid, which ``widen_sweep`` calls a handicap: the grid was set for our encoders, not for MiniLM).
 
 The study must be finished and its splits the ones it was scored on: every task of its config, an average for
-every row, a test score per seed in every fine-tuned row, and its TF-IDF row, scored again here (seconds,
-deterministic), repeating its dev and test accuracy on every task, as the random-init probe does for
-``more_seeds``: the same examples in each split, not only the same counts.
+every row, a test score per seed in every fine-tuned row, the same split sizes, and its TF-IDF row, scored again
+here (seconds, deterministic), repeating its dev and test accuracy on every task to 2 examples
+(``study.repeats``: another CPU rounds the fit differently), as the random-init probe does for ``more_seeds``:
+the same examples in each split, not only the same counts.
 
 Hours of fine-tuning must not be lost to a closed laptop. Every fine-tune's score goes into a journal (JSON,
 replaced whole and synced after each run, so a stop leaves the last complete one), under a key of digests of the
 training and the scored examples, the rate and the seed; the journal names the row, the fine-tuning settings, a
-digest of MiniLM's files and the torch and transformers versions, and refuses a run with others. Run the same
+digest of MiniLM's files and the torch and transformers versions, and refuses a run with others; each run
+names the machine it ran on (its seconds, and its last bits, are that machine's). Run the same
 command again and every score the journal holds is read back; only the rest trains. A second study with the same
 protocol and splits (lesson 22's hour, whose controls come from the half-hour's) finds every run there and
 trains nothing. One process at a time may write a journal (a lock, released when the process ends, however it
@@ -46,17 +48,13 @@ from pathlib import Path
 import torch
 
 from ..data.references import reference_files
+from ..hardware.probe import machine_summary
 from .encoders import baseline_scorers, minilm_scorer
 from .evaluate import Data, Scorer, Splits, label_efficiency, make_splits, protocol, task_average
 from .finetune import FIXED
 from .more_seeds import _config, _test_seeds, _tuned_rows
 from .report import load_study
-from .study import (
-    _TOLERANCE,
-    StudyConfig,
-    print_row,
-    write_results,
-)  # the check repeats exactly, as the study's fingerprint
+from .study import StudyConfig, print_row, repeats, write_results
 from .widen_sweep import _check_seeds
 
 __all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
@@ -123,7 +121,7 @@ def _journaled(scorer: Scorer, journal: dict, path, task: str, splits: Splits, u
     """``scorer`` that reads a run's score from the journal if it is there, else trains, journals and saves it
     (``write_results``: the file replaced whole, so a stop mid-write leaves the previous journal).
     Each run it returns (read or trained) is appended to ``used`` as its journal entry."""
-    named = {_digest(splits.dev): "dev", _digest(splits.test): "test"}
+    named, machine = {_digest(splits.dev): "dev", _digest(splits.test): "test"}, machine_summary()
 
     def score(train: Data, test: Data, lr: float, seed: int) -> float:
         scored_on = _digest(test)
@@ -133,7 +131,8 @@ def _journaled(scorer: Scorer, journal: dict, path, task: str, splits: Splits, u
             start = time.perf_counter()
             accuracy = scorer(train, test, lr, seed)
             entry = {"task": task, "train": len(train.texts), "scored_on": named.get(scored_on, scored_on),
-                     "lr": lr, "seed": seed, "score": accuracy, "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+                     "lr": lr, "seed": seed, "score": accuracy, "seconds": round(time.perf_counter() - start, 1),
+                     "machine": machine}  # fmt: skip
             journal["runs"][key] = entry
             write_results(path, journal)
             if progress:
@@ -164,16 +163,20 @@ def _check(study: dict, source) -> tuple[StudyConfig, list[int]]:
 
 
 def _check_splits(study: dict, config, source) -> dict[str, Splits]:
-    """Each task's splits, once its TF-IDF row repeats the study's on dev and test: the same examples (to the
-    study's own ``_TOLERANCE``, as its fingerprint probe repeats)."""
+    """Each task's splits, once their sizes are the study's and its TF-IDF row repeats the study's on dev and
+    test (``study.repeats``: to 2 examples, as another CPU may round its fit differently)."""
     tfidf, splits_of = baseline_scorers()[CHECK], {}
     for task, entry in study["tasks"].items():
         splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        if splits.sizes() != entry["sizes"]:
+            raise ValueError(
+                f"{task}: the splits hold {splits.sizes()} here, {entry['sizes']} in {source}: other splits"
+            )
         theirs = entry["models"][CHECK]
         ours = {"dev": tfidf(splits.train, splits.dev, None, 0), "test": tfidf(splits.train, splits.test, None, 0)}
-        if (
-            abs(ours["dev"] - theirs["dev"]["None"]) > _TOLERANCE
-            or abs(ours["test"] - theirs["test"]["mean"]) > _TOLERANCE
+        if not (
+            repeats(ours["dev"], theirs["dev"]["None"], entry["sizes"]["dev"])
+            and repeats(ours["test"], theirs["test"]["mean"], entry["sizes"]["test"])
         ):
             raise ValueError(
                 f"{task}: {CHECK} scores {ours['dev']:.6f} on dev and {ours['test']:.6f} on test here, "
