@@ -8,11 +8,13 @@ import pytest
 
 from llmedu.cramming.report import (
     budget_table,
+    ceiling_table,
     headline,
     load_study,
     plot_label_efficiency,
     plot_pretraining,
     pretraining_table,
+    share_of_the_way,
     task_table,
 )
 
@@ -140,3 +142,28 @@ def test_the_budget_table_reads_each_study_against_one_control():
     other["tasks"]["a"]["models"]["random init"] = _result([0.5, 0.6, 0.6])
     with pytest.raises(ValueError, match="other 'random init' scores"):
         budget_table({"1 min": STUDY, "2 min": other})
+
+
+def _with_ceiling(study: dict, scores: dict) -> dict:
+    import copy
+
+    study = copy.deepcopy(study)
+    for task, row in scores.items():
+        study["tasks"][task]["models"]["MiniLM-L6"] = _result(row, 1e-4)
+    return study
+
+
+def test_the_share_of_the_way_from_random_init_to_minilm():
+    study = _with_ceiling(STUDY, {"a": [0.9, 0.9, 0.9], "b": [0.7, 0.7, 0.7]})
+    share = share_of_the_way(study)
+    # a: (0.8 - 0.6) / (0.9 - 0.6); b: (0.6333 - 0.5667) / (0.7 - 0.5667); average: (0.7167 - 0.5833) / (0.8 - 0.5833)
+    assert share == pytest.approx({"a": 2 / 3, "b": 1 / 2, "average": (0.4 / 3) / (0.65 / 3)})
+    assert math.isnan(share_of_the_way(_with_ceiling(STUDY, {"a": [0.6] * 3, "b": [0.5] * 3}))["a"])  # no way to go
+
+    table = ceiling_table({"1 min": study, "2 min": study}).splitlines()
+    assert [line.split()[0] for line in table[2:]] == ["random", "crammed,", "crammed,", "MiniLM-L6"]
+    assert table[3].endswith("71.7 +- 7.6  (62% of the way)") and "80.0 +- 10.0 ( 67%)" in table[3]
+    assert table[5].endswith("80.0 +- 0.0") and "%" not in table[5]
+    other = _with_ceiling(STUDY, {"a": [0.9, 0.9, 0.8], "b": [0.7, 0.7, 0.7]})
+    with pytest.raises(ValueError, match="other 'MiniLM-L6' scores"):
+        ceiling_table({"1 min": study, "2 min": other})
