@@ -287,6 +287,14 @@ def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_r
         )
     with pytest.raises(ValueError, match="may not be named like a control"):
         run_study({"random init": tiny_cramming_run}, config, progress=False, controls_from=tmp_path / "first.json")
+    made_here = run_study.__globals__["make_splits"]  # splits drawn with another seed: same counts, other examples
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            "llmedu.cramming.study.make_splits",
+            lambda task, fraction, seed, **caps: made_here(task, fraction, 1, **caps),
+        )
+        with pytest.raises(ValueError, match="bbc_news: the splits made here .* are not the ones .*first.json"):
+            run_study({"c": tiny_cramming_run}, config, progress=False, controls_from=tmp_path / "first.json")
     for examples, refused in ((2, False), (3, True)):  # another CPU may move it by an example or two: still it
         moved = json.loads((tmp_path / "first.json").read_text())
         moved["tasks"]["bbc_news"]["models"][FINGERPRINT]["test"]["mean"] += examples / 16

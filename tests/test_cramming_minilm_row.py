@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llmedu.cramming.evaluate import make_splits
-from llmedu.cramming.minilm_row import CHECK, ROW, add_minilm
+from llmedu.cramming.minilm_row import ROW, add_minilm
 from llmedu.cramming.more_seeds import add_seeds
 from llmedu.cramming.study import StudyConfig, run_study
 from llmedu.cramming.widen_sweep import widen_sweep
@@ -89,6 +89,7 @@ def test_the_added_row_is_the_row_of_a_study_that_fine_tuned_minilm_itself(tiny_
     assert json.loads((tmp_path / "added.json").read_text()) == added
     runs_journaled = json.loads(journal.read_text())["runs"]
     assert len(runs_journaled) == 16 and not list(tmp_path.glob("*.part"))
+    assert {run["machine"] for run in runs_journaled.values()} == {machine_summary()}  # each run names its machine
     # the same command again reads every score back from the journal and trains nothing
     calls.clear()
     again = add_minilm(tmp_path / "study.json", journal, out=tmp_path / "again.json", progress=False)
@@ -171,33 +172,27 @@ def _tampered(tmp_path, name: str, change) -> str:
     return tmp_path / name
 
 
-def _move(scores: dict, key: str, by: float) -> None:
-    scores[key] += by
-
-
-def test_splits_whose_tfidf_row_moved_one_example_as_on_another_cpu_are_accepted(tiny_cramming_run, tmp_path, scripted):
-    """Another CPU may round the TF-IDF fit so that an example changes class (measured: 1 of 3,655): the splits
-    are still the study's. Each journaled run names the machine it ran on."""
+def test_splits_made_another_way_are_refused_before_any_fine_tune(tiny_cramming_run, tmp_path, scripted, monkeypatch):
+    """Splits drawn with another seed hold the same counts: only their digests tell them from the study's."""
     calls, _ = scripted
     run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
-
-    def one_off(study):
-        for entry in study["tasks"].values():
-            _move(entry["models"][CHECK]["dev"], "None", 1 / 16)
-            _move(entry["models"][CHECK]["test"], "mean", -1 / 16)
-
-    study = add_minilm(_tampered(tmp_path, "one_off.json", one_off), tmp_path / "journal.json", progress=False)
-    assert all(ROW in entry["models"] for entry in study["tasks"].values()) and calls
-    runs = json.loads((tmp_path / "journal.json").read_text())["runs"].values()
-    assert {run["machine"] for run in runs} == {machine_summary()}
+    monkeypatch.setattr(
+        "llmedu.cramming.minilm_row.make_splits",
+        lambda task, fraction, seed, **caps: make_splits(task, fraction, 1, **caps),
+    )
+    with pytest.raises(ValueError, match="rotten_tomatoes: the splits made here .* are not the ones"):
+        add_minilm(tmp_path / "study.json", tmp_path / "journal.json", progress=False)
+    assert calls == [] and not (tmp_path / "journal.json").exists()
 
 
 def test_a_study_that_is_not_finished_or_not_on_its_splits_is_refused(tiny_cramming_run, tmp_path, scripted):
     calls, _ = scripted
     run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
     refusals = {
-        "other splits": lambda s: _move(s["tasks"]["bbc_news"]["models"][CHECK]["test"], "mean", 3 / 16),
-        "the splits hold": lambda s: s["tasks"]["bbc_news"]["sizes"].update(test=17),
+        "bbc_news: the splits made here .* are not the ones": lambda s: s["tasks"]["bbc_news"]["digests"].update(
+            dev="0"
+        ),
+        "records no digests of the bbc_news splits": lambda s: s["tasks"]["bbc_news"].pop("digests"),
         "not a finished study": lambda s: s["tasks"].pop("bbc_news"),
         "not a finished study ": lambda s: s["average"].pop("random init"),
         "holds another number of test scores": lambda s: s.update(added_seeds={"seeds": [2], "seconds": {}}),

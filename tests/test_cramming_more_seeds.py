@@ -83,8 +83,13 @@ def test_the_runs_must_be_the_studys_own(tiny_cramming_run, tmp_path):
     (other / "summary.json").write_text(json.dumps(summary | {"steps": summary["steps"] + 1}))
     with pytest.raises(ValueError, match="not the run the study measured"):
         add_seeds(tmp_path / "one.json", {"crammed": other}, [1], progress=False)
+    other_splits = json.loads((tmp_path / "one.json").read_text())
+    other_splits["tasks"]["bbc_news"]["digests"]["test"] = "0" * 16
+    (tmp_path / "other_splits.json").write_text(json.dumps(other_splits))
+    with pytest.raises(ValueError, match="bbc_news: the splits made here .* are not the ones"):
+        add_seeds(tmp_path / "other_splits.json", {"crammed": tiny_cramming_run}, [1], progress=False)
     moved = json.loads((tmp_path / "one.json").read_text())
-    moved["tasks"]["bbc_news"]["models"][FINGERPRINT]["test"]["mean"] += 3 / 16  # 3 of 16 examples: other splits
+    moved["tasks"]["bbc_news"]["models"][FINGERPRINT]["test"]["mean"] += 3 / 16  # 3 of 16: another tokenizer or shape
     (tmp_path / "moved.json").write_text(json.dumps(moved))
     with pytest.raises(ValueError, match="random-init probe scores"):
         add_seeds(tmp_path / "moved.json", {"crammed": tiny_cramming_run}, [1], progress=False)

@@ -28,6 +28,8 @@ seeds the spread is a rough guide, not a confidence interval).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,6 +70,11 @@ class Data:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def digest(self) -> str:
+        """A short sha256 of the examples and labels, in order: equal on any machine for the same data."""
+        text = json.dumps([self.texts, self.labels], ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 @dataclass(frozen=True)
 class Splits:
@@ -77,6 +84,10 @@ class Splits:
 
     def sizes(self) -> dict[str, int]:
         return {"train": len(self.train), "dev": len(self.dev), "test": len(self.test)}
+
+    def digests(self) -> dict[str, str]:
+        """``Data.digest`` of each split: a study records them, and whatever extends it checks them."""
+        return {"train": self.train.digest(), "dev": self.dev.digest(), "test": self.test.digest()}
 
 
 Scorer = Callable[[Data, Data, float | None, int], float]  # (train, test, lr, seed) -> accuracy

@@ -13,10 +13,8 @@ becomes true, and ``added_minilm`` says how (the journal, runs trained and read,
 of the grid, which ``widen_sweep`` calls a handicap: the grid was set for our encoders, not for MiniLM).
 
 The study must be finished and its splits the ones it was scored on: every task of its config, an average for
-every row, a test score per seed in every fine-tuned row, the same split sizes, and its TF-IDF row, scored again
-here (seconds, deterministic), repeating its dev and test accuracy on every task to 2 examples
-(``study.repeats``: another CPU rounds the fit differently), as the random-init probe does for ``more_seeds``:
-the same examples in each split, not only the same counts.
+every row, a test score per seed in every fine-tuned row, and the digests of its splits (``study.check_splits``:
+sha256 of the examples and labels, in order) equal to those of the splits made here.
 
 Hours of fine-tuning must not be lost to a closed laptop. Every fine-tune's score goes into a journal (JSON,
 replaced whole and synced after each run, so a stop leaves the last complete one), under a key of digests of the
@@ -49,25 +47,18 @@ import torch
 
 from ..data.references import reference_files
 from ..hardware.probe import machine_summary
-from .encoders import baseline_scorers, minilm_scorer
+from .encoders import minilm_scorer
 from .evaluate import Data, Scorer, Splits, label_efficiency, make_splits, protocol, task_average
 from .finetune import FIXED
 from .more_seeds import _config, _test_seeds, _tuned_rows
 from .report import load_study
-from .study import StudyConfig, print_row, repeats, write_results
+from .study import StudyConfig, check_splits, print_row, write_results
 from .widen_sweep import _check_seeds
 
 __all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
 
 ROW = "MiniLM-L6"  # the row's name, as ``study._models`` gives it when a study fine-tunes MiniLM itself
-CHECK = "TF-IDF + logistic regression"  # scored again: the splits must be the study's, example for example
 _KIND = "llmedu fine-tune journal"
-
-
-def _digest(data: Data) -> str:
-    """A short digest of a split's examples and labels, in order: equal digests, the same fine-tune."""
-    text = json.dumps([data.texts, data.labels], ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def journal_identity(settings: dict) -> dict:
@@ -121,11 +112,11 @@ def _journaled(scorer: Scorer, journal: dict, path, task: str, splits: Splits, u
     """``scorer`` that reads a run's score from the journal if it is there, else trains, journals and saves it
     (``write_results``: the file replaced whole, so a stop mid-write leaves the previous journal).
     Each run it returns (read or trained) is appended to ``used`` as its journal entry."""
-    named, machine = {_digest(splits.dev): "dev", _digest(splits.test): "test"}, machine_summary()
+    named, machine = {splits.dev.digest(): "dev", splits.test.digest(): "test"}, machine_summary()
 
     def score(train: Data, test: Data, lr: float, seed: int) -> float:
-        scored_on = _digest(test)
-        key = f"{_digest(train)}/{scored_on}/{lr!r}/{seed}"
+        scored_on = test.digest()
+        key = f"{train.digest()}/{scored_on}/{lr!r}/{seed}"
         entry = journal["runs"].get(key)
         if entry is None:
             start = time.perf_counter()
@@ -155,33 +146,17 @@ def _check(study: dict, source) -> tuple[StudyConfig, list[int]]:
     unfinished = study.get("widened", {}).get("unfinished")
     if unfinished or list(study["tasks"]) != list(config.tasks) or set(study["average"]) != set(rows):
         raise ValueError(f"{source} is not a finished study (a task, or an average, is missing): finish it first")
-    if CHECK not in rows:
-        raise ValueError(f"{source} has no {CHECK!r} row, which checks its splits")
     seeds = _test_seeds(study)
     _check_seeds(study, _tuned_rows(study), seeds, source)
     return config, seeds
 
 
 def _check_splits(study: dict, config, source) -> dict[str, Splits]:
-    """Each task's splits, once their sizes are the study's and its TF-IDF row repeats the study's on dev and
-    test (``study.repeats``: to 2 examples, as another CPU may round its fit differently)."""
-    tfidf, splits_of = baseline_scorers()[CHECK], {}
+    """Each task's splits, made here and checked against the study's digests (``study.check_splits``)."""
+    splits_of = {}
     for task, entry in study["tasks"].items():
         splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
-        if splits.sizes() != entry["sizes"]:
-            raise ValueError(
-                f"{task}: the splits hold {splits.sizes()} here, {entry['sizes']} in {source}: other splits"
-            )
-        theirs = entry["models"][CHECK]
-        ours = {"dev": tfidf(splits.train, splits.dev, None, 0), "test": tfidf(splits.train, splits.test, None, 0)}
-        if not (
-            repeats(ours["dev"], theirs["dev"]["None"], entry["sizes"]["dev"])
-            and repeats(ours["test"], theirs["test"]["mean"], entry["sizes"]["test"])
-        ):
-            raise ValueError(
-                f"{task}: {CHECK} scores {ours['dev']:.6f} on dev and {ours['test']:.6f} on test here, "
-                f"{theirs['dev']['None']:.6f} and {theirs['test']['mean']:.6f} in {source}: other splits"
-            )
+        check_splits(entry, splits, task, source)
         splits_of[task] = splits
     return splits_of
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .evaluate import make_splits, summarize, task_average
 from .report import load_study
-from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint, print_row, write_results
+from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint, check_splits, print_row, write_results
 
 __all__ = ["add_seeds"]
 
@@ -95,6 +95,9 @@ def add_seeds(
         record["controls_from"] = str(source_file)
     for task, entry in study["tasks"].items():
         splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        check_splits(entry, splits, task, study_file)
+        if borrowed:  # the rows taken from the source were scored on its splits
+            check_splits(source["tasks"][task], splits, task, source_file)
         probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
         check_fingerprint(study, task, probe, study_file)
         start = time.perf_counter()

@@ -57,6 +57,7 @@ __all__ = [
     "unigram_line",
     "borrowable_rows",
     "check_fingerprint",
+    "check_splits",
     "repeats",
     "print_row",
     "write_results",
@@ -166,22 +167,35 @@ def _check_borrowing(earlier: dict, config: StudyConfig, source) -> None:
 def repeats(ours: float, theirs: float, examples: int) -> bool:
     """Whether an accuracy on ``examples`` examples, measured again, repeats an earlier one: within
     ``REPEAT_EXAMPLES`` examples. A fit from zero on the same features repeats exactly on one machine, but not
-    across CPUs: its float32 sums round by the vector units' order (measured: of TF-IDF's 3,655 tweet test
-    examples, 1 changes class between the Intel AVX-512 machine that ran the studies and an AMD EPYC). Other
-    examples of the same count move an accuracy by tens of examples (binomial sd sqrt(n p (1 - p)): 29 at
-    n = 3,655, p = 0.66), so a check to 2 still tells other splits, weights or tokenizers apart."""
+    across CPUs: float32 sums round by the vector units' order (measured on the TF-IDF row: of the 3,655 tweet
+    test examples, 1 changes class between the Intel AVX-512 machine that ran the studies and an AMD EPYC; dev
+    and the two other tasks repeated exactly). How far the random-init probe moves across CPUs was not measured
+    (its float32 encoder features may round more than TF-IDF's): if it moves further, the check refuses, and
+    says by how many examples."""
     return abs(ours - theirs) * examples <= REPEAT_EXAMPLES + 1e-6
 
 
+def check_splits(entry: dict, splits, task: str, source) -> None:
+    """The splits made here must be those ``source`` scored ``task`` on (its task ``entry``): the same examples
+    and labels in the same order, by their digests (``Splits.digests``), which no CPU rounds."""
+    if "digests" not in entry:
+        raise ValueError(f"{source} records no digests of the {task} splits: it predates them, so nothing shows "
+                         "that its splits are these")  # fmt: skip
+    if splits.digests() != entry["digests"]:
+        raise ValueError(f"{task}: the splits made here ({splits.sizes()}) are not the ones {source} was scored on "
+                         f"({entry['sizes']}): another data file, split seed or cap")  # fmt: skip
+
+
 def check_fingerprint(earlier: dict, task: str, ours: float, source) -> None:
-    """The random-init probe's test score on ``task``, measured here, must repeat the one in ``earlier``."""
+    """The random-init probe's test score on ``task``, measured here, must repeat the one in ``earlier``
+    (``repeats``): the same tokenizer and model shape (the splits are checked by ``check_splits``)."""
     theirs = earlier["tasks"][task]["models"][FINGERPRINT]["test"]["mean"]
     examples = earlier["tasks"][task]["sizes"]["test"]
     if not repeats(ours, theirs, examples):
         raise ValueError(
             f"{task}: the random-init probe scores {ours:.6f} here and {theirs:.6f} in {source}, "
-            f"{abs(ours - theirs) * examples:.0f} of {examples} examples apart: another tokenizer, model shape "
-            "or split, so its rows do not apply to this run"
+            f"{abs(ours - theirs) * examples:.0f} of {examples} examples apart: another tokenizer or model shape, "
+            "so its rows do not apply to this run"
         )
 
 
@@ -214,6 +228,11 @@ def run_study(
         clash = [name for name in runs if name in borrowable_rows(earlier) or name == FINGERPRINT]
         if clash:
             raise ValueError(f"a run may not be named like a control row: {', '.join(clash)}")
+        for task in config.tasks:  # before any fine-tune: its controls were scored on these splits
+            splits = make_splits(
+                task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval
+            )
+            check_splits(earlier["tasks"][task], splits, task, controls_from)
     results = {"config": asdict(config), "pretraining": {}, "tasks": {}, "average": {}}
     if earlier is not None:
         rows = borrowable_rows(earlier)
@@ -241,7 +260,7 @@ def run_study(
                 print_row(task, name, result)
         if earlier is not None:
             per_model |= _borrow(earlier, rows, task, per_model[FINGERPRINT], controls_from)
-        results["tasks"][task] = {"sizes": splits.sizes(), "models": per_model}
+        results["tasks"][task] = {"sizes": splits.sizes(), "digests": splits.digests(), "models": per_model}
         write_results(out, results)
     for name in next(iter(results["tasks"].values()))["models"]:
         results["average"][name] = task_average({t: r["models"][name] for t, r in results["tasks"].items()})
