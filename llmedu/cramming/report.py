@@ -8,8 +8,8 @@ reader needs to judge the result:
   each at its own dev-chosen rate (best against best), per seed, then mean and spread;
 * ``task_table``: every model on every task as mean +- standard deviation over seeds, with the
   rate dev chose, calibration rows included, and the task average;
-* ``ceiling_table`` and ``share_of_the_way``: the pretrained encoder between the floor (random init) and a
-  ceiling (MiniLM fine-tuned under the same protocol): which share of the way from one to the other it went;
+* ``reference_table``: the pretrained encoder between the floor (random init) and a reference (MiniLM
+  fine-tuned under the same protocol), with its gap to each and their 95% intervals;
 * ``plot_pretraining``: the held-out MLM loss against the budget's minutes, beside the unigram line (the
   loss of a model that knows only word frequencies);
 * ``plot_label_efficiency``: test accuracy against labels per task, fine-tuned models as curves
@@ -36,8 +36,7 @@ __all__ = [
     "headline",
     "task_table",
     "budget_table",
-    "share_of_the_way",
-    "ceiling_table",
+    "reference_table",
     "pretraining_table",
     "plot_pretraining",
     "plot_label_efficiency",
@@ -181,59 +180,46 @@ def budget_table(studies: dict[str, dict], pretrained: str = "crammed", control:
     return "\n".join(lines)
 
 
-def share_of_the_way(
-    results: dict, pretrained: str = "crammed", floor: str = "random init", ceiling: str = "MiniLM-L6"
-) -> dict[str, float]:
-    """{task, ..., "average"}: (pretrained - floor) / (ceiling - floor) of the mean test accuracies, each model
-    at its dev-chosen rate: 0 is no better than the floor, 1 as good as the ceiling. NaN where the ceiling
-    does not lie above the floor (no way to go)."""
-    means = {
-        t: {m: e["models"][m]["test"]["mean"] for m in (pretrained, floor, ceiling)}
-        for t, e in results["tasks"].items()
-    }
-    means["average"] = {m: statistics.fmean(per_seed_average(results, m)) for m in (pretrained, floor, ceiling)}
-    return {
-        t: (m[pretrained] - m[floor]) / (m[ceiling] - m[floor]) if m[ceiling] > m[floor] else float("nan")
-        for t, m in means.items()
-    }
+def _gap(results: dict, model: str, minus: str) -> str:
+    """``model`` minus ``minus`` on the task average, paired by seed: mean [95% interval], in points."""
+    t = paired_gap([a - b for a, b in zip(per_seed_average(results, model), per_seed_average(results, minus))])
+    low, high = t["interval95"]
+    return f"{100 * t['mean']:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
-def ceiling_table(
-    studies: dict[str, dict], pretrained: str = "crammed", floor: str = "random init", ceiling: str = "MiniLM-L6"
+def reference_table(
+    studies: dict[str, dict], pretrained: str = "crammed", floor: str = "random init", reference: str = "MiniLM-L6"
 ) -> str:
-    """The pretrained row of each study (``{label: results}``) between the floor and the ceiling: test accuracy
-    (%) per task and on average (mean +- std over seeds), and ``share_of_the_way`` on each. The floor and the
-    ceiling must hold the same scores in every study (borrowed, or read from one journal), else a clear error."""
+    """The pretrained row of each study (``{label: results}``) between the floor (random init) and a reference
+    (MiniLM fine-tuned under the same protocol): test accuracy (%) per task and on average, mean +- std over
+    seeds, and on the average the gaps to both, paired by seed: mean [95% t interval], in points. The floor and
+    the reference must hold the same scores in every study (borrowed, or read from one journal)."""
     first = next(iter(studies.values()))
     tasks = list(first["tasks"])
     for label, results in studies.items():
         if list(results["tasks"]) != tasks:
             raise ValueError(f"{label!r} was scored on {list(results['tasks'])}, the first study on {tasks}")
-        for row in (floor, ceiling):
+        for row in (floor, reference):
             if any(
                 results["tasks"][t]["models"][row]["test"] != first["tasks"][t]["models"][row]["test"] for t in tasks
             ):
                 raise ValueError(f"{label!r} has other {row!r} scores than the first study: compare each alone")
-    width = max(len(m) for m in (*(f"{pretrained}, {label}" for label in studies), floor, ceiling)) + 2
-    head = f"{'model':<{width}}" + "".join(f"{t:>22}" for t in tasks) + f"{'average':>15}"
+    width = max(len(m) for m in (*(f"{pretrained}, {label}" for label in studies), floor, reference)) + 2
+    head = f"{'model':<{width}}" + "".join(f"{t:>18}" for t in tasks) + f"{'average':>15}"
+    head += f"{f'vs {floor}':>24}{f'vs {reference}':>24}"
     lines = [head, "-" * len(head)]
 
-    def line(name: str, results: dict, model: str, share: dict | None) -> str:
-        row = f"{name:<{width}}"
-        for t in tasks:
-            cell = _cell(results["tasks"][t]["models"][model])
-            row += f"{cell + (f' ({100 * share[t]:3.0f}%)' if share else ''):>22}"
+    def line(name: str, results: dict, model: str, gaps: tuple[str, str]) -> str:
+        row = f"{name:<{width}}" + "".join(f"{_cell(results['tasks'][t]['models'][model]):>18}" for t in tasks)
         average = summarize(per_seed_average(results, model))
-        row += f"{100 * average['mean']:>8.1f} +- {100 * average['std']:3.1f}"
-        return row + (f"  ({100 * share['average']:.0f}% of the way)" if share else "")
+        return row + f"{100 * average['mean']:>8.1f} +- {100 * average['std']:3.1f}" + "".join(f"{g:>24}" for g in gaps)
 
-    lines.append(line(floor, first, floor, None))
+    lines.append(line(floor, first, floor, ("", "")))
     for label, results in studies.items():
-        lines.append(
-            line(f"{pretrained}, {label}", results, pretrained, share_of_the_way(results, pretrained, floor, ceiling))
-        )
-    lines.append(line(ceiling, first, ceiling, None))
-    return "\n".join(lines)
+        gaps = (_gap(results, pretrained, floor), _gap(results, pretrained, reference))
+        lines.append(line(f"{pretrained}, {label}", results, pretrained, gaps))
+    lines.append(line(reference, first, reference, (_gap(first, reference, floor), "")))
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def pretraining_table(results: dict) -> str:
