@@ -146,21 +146,31 @@ def task_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _shared_rows(studies: dict[str, dict], rows) -> tuple[dict, list[str]]:
+    """(the first study, its tasks), once every study was scored on those tasks and holds the same test scores in
+    ``rows`` (as when borrowed from one study): else the rows would be different baselines, a clear error."""
+    first = next(iter(studies.values()))
+    tasks = list(first["tasks"])
+    for label, results in studies.items():
+        if list(results["tasks"]) != tasks:
+            raise ValueError(f"{label!r} was scored on {list(results['tasks'])}, the first study on {tasks}")
+        for row in rows:
+            if any(
+                results["tasks"][t]["models"][row]["test"]["scores"]
+                != first["tasks"][t]["models"][row]["test"]["scores"]
+                for t in tasks
+            ):
+                raise ValueError(f"{label!r} has other {row!r} scores than the first study: compare each alone")
+    return first, tasks
+
+
 def budget_table(studies: dict[str, dict], pretrained: str = "crammed", control: str = "random init") -> str:
     """Studies of one recipe at several budgets (``{label: results}``), one line each: its pretraining
     (minutes, tokens read, passes, held-out MLM loss), the pretrained row's test accuracy (%) per task and on
     average, and the headline gap to the control (points, mean +- std over seeds). The control's line comes
     last; every study must hold the same control scores (as when one borrowed it from another), else the
     gaps would be measured against different baselines and a clear error says so."""
-    first = next(iter(studies.values()))
-    tasks = list(first["tasks"])
-    reference = {t: first["tasks"][t]["models"][control]["test"]["scores"] for t in tasks}
-    for label, results in studies.items():
-        if list(results["tasks"]) != tasks:
-            raise ValueError(f"{label!r} was scored on {list(results['tasks'])}, the first study on {tasks}")
-        theirs = {t: results["tasks"][t]["models"][control]["test"]["scores"] for t in tasks}
-        if theirs != reference:
-            raise ValueError(f"{label!r} has other {control!r} scores than the first study: compare each alone")
+    first, tasks = _shared_rows(studies, (control,))
     head = f"{'budget':<10}{'min':>6}{'tokens':>8}{'passes':>8}{'loss':>7}" + "".join(f"{t:>18}" for t in tasks)
     head += f"{'average':>15}{'gap (points)':>16}"
     lines = [head, "-" * len(head)]
@@ -194,16 +204,7 @@ def reference_table(
     (MiniLM fine-tuned under the same protocol): test accuracy (%) per task and on average, mean +- std over
     seeds, and on the average the gaps to both, paired by seed: mean [95% t interval], in points. The floor and
     the reference must hold the same scores in every study (borrowed, or read from one journal)."""
-    first = next(iter(studies.values()))
-    tasks = list(first["tasks"])
-    for label, results in studies.items():
-        if list(results["tasks"]) != tasks:
-            raise ValueError(f"{label!r} was scored on {list(results['tasks'])}, the first study on {tasks}")
-        for row in (floor, reference):
-            if any(
-                results["tasks"][t]["models"][row]["test"] != first["tasks"][t]["models"][row]["test"] for t in tasks
-            ):
-                raise ValueError(f"{label!r} has other {row!r} scores than the first study: compare each alone")
+    first, tasks = _shared_rows(studies, (floor, reference))
     width = max(len(m) for m in (*(f"{pretrained}, {label}" for label in studies), floor, reference)) + 2
     head = f"{'model':<{width}}" + "".join(f"{t:>18}" for t in tasks) + f"{'average':>15}"
     head += f"{f'vs {floor}':>24}{f'vs {reference}':>24}"
