@@ -177,7 +177,7 @@ def test_splits_made_another_way_are_refused_before_any_fine_tune(tiny_cramming_
     calls, _ = scripted
     run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
     monkeypatch.setattr(
-        "llmedu.cramming.minilm_row.make_splits",
+        "llmedu.cramming.study.make_splits",
         lambda task, fraction, seed, **caps: make_splits(task, fraction, 1, **caps),
     )
     with pytest.raises(ValueError, match="rotten_tomatoes: the splits made here .* are not the ones"):

@@ -48,11 +48,11 @@ import torch
 from ..data.references import reference_files
 from ..hardware.probe import machine_summary
 from .encoders import minilm_scorer
-from .evaluate import Data, Scorer, Splits, label_efficiency, make_splits, protocol, task_average
+from .evaluate import Data, Scorer, Splits, label_efficiency, protocol, task_average
 from .finetune import FIXED
 from .more_seeds import _config, _test_seeds, _tuned_rows
 from .report import load_study
-from .study import StudyConfig, check_splits, print_row, write_results
+from .study import StudyConfig, check_splits, print_row, task_splits, write_results
 from .widen_sweep import _check_seeds
 
 __all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
@@ -155,7 +155,7 @@ def _check_splits(study: dict, config, source) -> dict[str, Splits]:
     """Each task's splits, made here and checked against the study's digests (``study.check_splits``)."""
     splits_of = {}
     for task, entry in study["tasks"].items():
-        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        splits = task_splits(task, config)
         check_splits(entry, splits, task, source)
         splits_of[task] = splits
     return splits_of

@@ -26,9 +26,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .evaluate import make_splits, summarize, task_average
+from .evaluate import summarize, task_average
 from .report import load_study
-from .study import FINGERPRINT, StudyConfig, _models, check_fingerprint, check_splits, print_row, write_results
+from .study import (
+    FINGERPRINT,
+    StudyConfig,
+    _models,
+    check_fingerprint,
+    check_splits,
+    print_row,
+    task_splits,
+    write_results,
+)
 
 __all__ = ["add_seeds"]
 
@@ -94,7 +103,7 @@ def add_seeds(
     if borrowed:
         record["controls_from"] = str(source_file)
     for task, entry in study["tasks"].items():
-        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        splits = task_splits(task, config)
         check_splits(entry, splits, task, study_file)
         if borrowed:  # the rows taken from the source were scored on its splits
             check_splits(source["tasks"][task], splits, task, source_file)

@@ -45,7 +45,7 @@ from ..data.packing import packed_rows
 from .calibration import unigram_cross_entropy
 from .dedup import deduplicated_rows
 from .encoders import baseline_scorers, encoder_features, finetune_scorer, minilm_features, minilm_scorer, probe_scorer
-from .evaluate import TASKS, check_no_overlap, label_efficiency, make_splits, protocol, task_average
+from .evaluate import TASKS, Splits, check_no_overlap, label_efficiency, make_splits, protocol, task_average
 from .finetune import FIXED
 from .pretrain import CORPORA, PretrainRun, held_out_chars, load_run, pretrain
 from .report import load_study
@@ -58,6 +58,7 @@ __all__ = [
     "borrowable_rows",
     "check_fingerprint",
     "check_splits",
+    "task_splits",
     "repeats",
     "print_row",
     "write_results",
@@ -175,6 +176,11 @@ def repeats(ours: float, theirs: float, examples: int) -> bool:
     return abs(ours - theirs) * examples <= REPEAT_EXAMPLES + 1e-6
 
 
+def task_splits(task: str, config: StudyConfig) -> Splits:
+    """A task's splits under a study's protocol: split seed 0, the config's dev fraction and caps."""
+    return make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+
+
 def check_splits(entry: dict, splits, task: str, source) -> None:
     """The splits made here must be those ``source`` scored ``task`` on (its task ``entry``): the same examples
     and labels in the same order, by their digests (``Splits.digests``), which no CPU rounds."""
@@ -228,10 +234,9 @@ def run_study(
         clash = [name for name in runs if name in borrowable_rows(earlier) or name == FINGERPRINT]
         if clash:
             raise ValueError(f"a run may not be named like a control row: {', '.join(clash)}")
-        for task in config.tasks:  # before any fine-tune: its controls were scored on these splits
-            splits = make_splits(
-                task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval
-            )
+    splits_of = {task: task_splits(task, config) for task in config.tasks}
+    if earlier is not None:  # before any fine-tune: its controls were scored on these splits
+        for task, splits in splits_of.items():
             check_splits(earlier["tasks"][task], splits, task, controls_from)
     results = {"config": asdict(config), "pretraining": {}, "tasks": {}, "average": {}}
     if earlier is not None:
@@ -245,7 +250,7 @@ def run_study(
         }
     models = _models(runs, config, controls=earlier is None)
     for task in config.tasks:
-        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        splits = splits_of[task]
         per_model = {}
         for name, (scorer, rates) in models.items():
             start = time.perf_counter()

@@ -38,10 +38,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .evaluate import best_rate, label_efficiency, make_splits, summarize, task_average
+from .evaluate import best_rate, label_efficiency, summarize, task_average
 from .more_seeds import _check_not_added, _check_runs, _config, _test_seeds, _tuned_rows
 from .report import load_study
-from .study import FINGERPRINT, _models, check_fingerprint, check_splits, print_row, write_results
+from .study import FINGERPRINT, _models, check_fingerprint, check_splits, print_row, task_splits, write_results
 
 __all__ = ["widen_sweep"]
 
@@ -118,7 +118,7 @@ def widen_sweep(
     averages = study["average"]
     study["average"] = {k: v for k, v in averages.items() if k not in tuned}  # none mixes widened and not, part-way
     for task, entry in study["tasks"].items():
-        splits = make_splits(task, config.dev_fraction, seed=0, max_train=config.max_train, max_eval=config.max_eval)
+        splits = task_splits(task, config)
         check_splits(entry, splits, task, study_file)
         if borrowed:  # the rows taken from the source were scored on its splits
             check_splits(source["tasks"][task], splits, task, source_file)
