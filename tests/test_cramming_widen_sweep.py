@@ -178,3 +178,24 @@ def test_the_runs_and_scores_must_be_the_studys_own(tiny_cramming_run, tmp_path,
     (tmp_path / "short.json").write_text(json.dumps(study))
     with pytest.raises(ValueError, match=r"rotten_tomatoes, crammed: .*short.json holds another number of test"):
         widen_sweep(tmp_path / "short.json", {"crammed": tiny_cramming_run}, [1e-3], progress=False)
+
+
+def test_another_split_on_the_last_task_is_refused_before_any_fine_tune(tiny_cramming_run, tmp_path, scripted_scores):
+    """The digests of every task are checked first: a mismatch on bbc_news (the second task) must not cost the
+    rotten_tomatoes fine-tunes that come before it, in a widening or in more seeds."""
+    calls, _ = scripted_scores
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "one.json", progress=False)
+    study = json.loads((tmp_path / "one.json").read_text())
+    study["tasks"]["bbc_news"]["digests"]["train"] = "0" * 16
+    (tmp_path / "other.json").write_text(json.dumps(study))
+    calls.clear()
+    with pytest.raises(ValueError, match="bbc_news: the splits made here .* are not the ones .*other.json"):
+        widen_sweep(tmp_path / "other.json", {"crammed": tiny_cramming_run}, [1e-3], progress=False)
+    with pytest.raises(ValueError, match="bbc_news: the splits made here .* are not the ones .*other.json"):
+        add_seeds(tmp_path / "other.json", {"crammed": tiny_cramming_run}, [5], progress=False)
+    assert calls == []
+    del study["tasks"]["bbc_news"]
+    (tmp_path / "short.json").write_text(json.dumps(study))
+    with pytest.raises(ValueError, match="short.json holds no results for bbc_news"):
+        add_seeds(tmp_path / "short.json", {"crammed": tiny_cramming_run}, [5], progress=False)
+    assert calls == []

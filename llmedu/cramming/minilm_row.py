@@ -52,7 +52,7 @@ from .evaluate import Data, Scorer, Splits, label_efficiency, protocol, task_ave
 from .finetune import FIXED
 from .more_seeds import _config, _test_seeds, _tuned_rows
 from .report import load_study
-from .study import StudyConfig, check_splits, print_row, task_splits, write_results
+from .study import StudyConfig, checked_splits, print_row, write_results
 from .widen_sweep import _check_seeds
 
 __all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
@@ -151,16 +151,6 @@ def _check(study: dict, source) -> tuple[StudyConfig, list[int]]:
     return config, seeds
 
 
-def _check_splits(study: dict, config, source) -> dict[str, Splits]:
-    """Each task's splits, made here and checked against the study's digests (``study.check_splits``)."""
-    splits_of = {}
-    for task, entry in study["tasks"].items():
-        splits = task_splits(task, config)
-        check_splits(entry, splits, task, source)
-        splits_of[task] = splits
-    return splits_of
-
-
 def _with_row(models: dict, result: dict) -> dict:
     """``models`` with the row placed where a study of its own puts it: before MiniLM's probe."""
     names = list(models)
@@ -176,7 +166,7 @@ def add_minilm(study_file, journal_file, out=None, progress: bool = True) -> dic
     study = load_study(study_file)
     config, seeds = _check(study, study_file)
     settings = replace(FIXED, epochs=config.epochs)
-    splits_of = _check_splits(study, config, study_file)
+    splits_of = checked_splits(config, {study_file: study})
     scorer = minilm_scorer(settings)
     record = {"journal": str(journal_file), "trained": 0, "read": 0, "seconds": {}, "at_edge": {}}
     with _locked(journal_file):  # read under the lock too: a writer that just ended may have added runs

@@ -33,9 +33,8 @@ from .study import (
     StudyConfig,
     _models,
     check_fingerprint,
-    check_splits,
+    checked_splits,
     print_row,
-    task_splits,
     write_results,
 )
 
@@ -102,11 +101,10 @@ def add_seeds(
     record = {"seeds": before["seeds"] + seeds, "rows": tuned, "seconds": dict(before["seconds"])}
     if borrowed:
         record["controls_from"] = str(source_file)
+    checked = {study_file: study} | ({source_file: source} if borrowed else {})  # borrowed rows: its splits too
+    splits_of = checked_splits(config, checked)  # every task, before any fine-tune
     for task, entry in study["tasks"].items():
-        splits = task_splits(task, config)
-        check_splits(entry, splits, task, study_file)
-        if borrowed:  # the rows taken from the source were scored on its splits
-            check_splits(source["tasks"][task], splits, task, source_file)
+        splits = splits_of[task]
         probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
         check_fingerprint(study, task, probe, study_file)
         start = time.perf_counter()

@@ -58,6 +58,7 @@ __all__ = [
     "borrowable_rows",
     "check_fingerprint",
     "check_splits",
+    "checked_splits",
     "task_splits",
     "repeats",
     "print_row",
@@ -192,6 +193,19 @@ def check_splits(entry: dict, splits, task: str, source) -> None:
                          f"({entry['sizes']}): another data file, split seed or cap")  # fmt: skip
 
 
+def checked_splits(config: StudyConfig, studies: dict) -> dict[str, Splits]:
+    """Every task's splits (``task_splits``), made once and checked against each study of ``studies``
+    (``{source: study}``) that scored them (``check_splits``): all of it before any fine-tune, so that a mismatch
+    on the last task costs no work on the first."""
+    splits_of = {task: task_splits(task, config) for task in config.tasks}
+    for source, study in studies.items():
+        for task, splits in splits_of.items():
+            if task not in study["tasks"]:
+                raise ValueError(f"{source} holds no results for {task}: an unfinished study, or another protocol")
+            check_splits(study["tasks"][task], splits, task, source)
+    return splits_of
+
+
 def check_fingerprint(earlier: dict, task: str, ours: float, source) -> None:
     """The random-init probe's test score on ``task``, measured here, must repeat the one in ``earlier``
     (``repeats``): the same tokenizer and model shape (the splits are checked by ``check_splits``)."""
@@ -234,10 +248,7 @@ def run_study(
         clash = [name for name in runs if name in borrowable_rows(earlier) or name == FINGERPRINT]
         if clash:
             raise ValueError(f"a run may not be named like a control row: {', '.join(clash)}")
-    splits_of = {task: task_splits(task, config) for task in config.tasks}
-    if earlier is not None:  # before any fine-tune: its controls were scored on these splits
-        for task, splits in splits_of.items():
-            check_splits(earlier["tasks"][task], splits, task, controls_from)
+    splits_of = checked_splits(config, {} if earlier is None else {controls_from: earlier})  # its controls' splits
     results = {"config": asdict(config), "pretraining": {}, "tasks": {}, "average": {}}
     if earlier is not None:
         rows = borrowable_rows(earlier)

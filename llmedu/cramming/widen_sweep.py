@@ -41,7 +41,7 @@ from pathlib import Path
 from .evaluate import best_rate, label_efficiency, summarize, task_average
 from .more_seeds import _check_not_added, _check_runs, _config, _test_seeds, _tuned_rows
 from .report import load_study
-from .study import FINGERPRINT, _models, check_fingerprint, check_splits, print_row, task_splits, write_results
+from .study import FINGERPRINT, _models, check_fingerprint, checked_splits, print_row, write_results
 
 __all__ = ["widen_sweep"]
 
@@ -117,11 +117,10 @@ def widen_sweep(
     study["widened"] = record
     averages = study["average"]
     study["average"] = {k: v for k, v in averages.items() if k not in tuned}  # none mixes widened and not, part-way
+    checked = {study_file: study} | ({source_file: source} if borrowed else {})  # borrowed rows: its splits too
+    splits_of = checked_splits(config, checked)  # every task, before any fine-tune
     for task, entry in study["tasks"].items():
-        splits = task_splits(task, config)
-        check_splits(entry, splits, task, study_file)
-        if borrowed:  # the rows taken from the source were scored on its splits
-            check_splits(source["tasks"][task], splits, task, source_file)
+        splits = splits_of[task]
         probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
         check_fingerprint(study, task, probe, study_file)
         start, moved = time.perf_counter(), []
