@@ -96,13 +96,13 @@ def add_seeds(
     source_file = (controls_from or recorded) if borrowed else None  # a widened study's rows: its widened source
     source = load_study(source_file) if borrowed else None
     their_seeds = _test_seeds(source) if borrowed else []
+    checked = {study_file: study} | ({source_file: source} if borrowed else {})  # borrowed rows: its splits too
+    splits_of = checked_splits(config, checked)  # every task, before any model is loaded
     models = _models(ordered, config, controls=not borrowed)
     tuned = _tuned_rows(study)
     record = {"seeds": before["seeds"] + seeds, "rows": tuned, "seconds": dict(before["seconds"])}
     if borrowed:
         record["controls_from"] = str(source_file)
-    checked = {study_file: study} | ({source_file: source} if borrowed else {})  # borrowed rows: its splits too
-    splits_of = checked_splits(config, checked)  # every task, before any fine-tune
     for task, entry in study["tasks"].items():
         splits = splits_of[task]
         probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])

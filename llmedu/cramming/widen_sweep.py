@@ -110,6 +110,8 @@ def widen_sweep(
             for task, entry in study["tasks"].items()
         }
     ordered = {name: runs[name] for name in study["pretraining"]}  # random init takes the first run's shape
+    checked = {study_file: study} | ({source_file: source} if borrowed else {})  # borrowed rows: its splits too
+    splits_of = checked_splits(config, checked)  # every task, before any model is loaded
     models = _models(ordered, config, controls="controls_from" not in study)
     record = {"lrs": new, "rows": tuned, "moved": {}, "seconds": {}, "unfinished": True}
     if borrowed:
@@ -117,8 +119,6 @@ def widen_sweep(
     study["widened"] = record
     averages = study["average"]
     study["average"] = {k: v for k, v in averages.items() if k not in tuned}  # none mixes widened and not, part-way
-    checked = {study_file: study} | ({source_file: source} if borrowed else {})  # borrowed rows: its splits too
-    splits_of = checked_splits(config, checked)  # every task, before any fine-tune
     for task, entry in study["tasks"].items():
         splits = splits_of[task]
         probe = models[FINGERPRINT][0](splits.train, splits.test, None, config.seeds[0])
