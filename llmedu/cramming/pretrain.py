@@ -12,7 +12,7 @@ The run folder holds ``run.json`` (the ``PretrainRun``: recipe, corpora, budget 
 resume must match), ``tokenizer.json``, ``checkpoints/step-NNNNNN`` (the trainer's, resumable
 exactly) and ``summary.json`` (the figures printed at the end).
 
-Sparse prediction (the paper's sec. 4.3): the MLM head is a dense layer, a norm and a (T, vocab)
+Sparse prediction (the paper's sec. 4.2, its head block): the MLM head is a dense layer, a norm and a (T, vocab)
 matmul per position, but only the ~15% masked positions carry a loss. Running the head on those
 rows alone gives the same loss and gradients, and skips about 85% of the largest matmul.
 
