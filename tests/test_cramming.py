@@ -34,6 +34,7 @@ from llmedu.data.packing import mask_tokens
 from llmedu.models import MaskedLM, TransformerConfig
 from llmedu.models.bert import mlm_loss
 from llmedu.tokenizers import WordPieceTokenizer
+from llmedu.train import checkpoint as ckpt
 
 MAX_CHARS = 20_000  # of each corpus: ~150 rows of 128 tokens
 QUIET = dict(tokenizer_chars=30_000, progress=False)
@@ -231,8 +232,12 @@ def test_budget_run_end_to_end_from_the_command_line(tmp_path, capsys):
         "30000",
         "--checkpoint-every",
         "5",
+        "--keep-checkpoints",
+        "2",
     ]
     first = main(["pretrain", "--budget", "6s", *common])
+    saves = -(-first["steps"] // 5)  # every 5 steps and at the end
+    assert len(ckpt.checkpoints(tmp_path / "run" / "checkpoints")) == min(2, saves)  # the older ones removed
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the last line is the JSON summary
     assert printed == first
     assert first["stop_reason"] == "seconds"

@@ -2,6 +2,7 @@
 
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,16 +133,8 @@ def resumable_setup(seed):
 
 
 def config(tmp_path, **kw):
-    return TrainConfig(
-        max_steps=10,
-        accumulation=2,
-        clip_grad_norm=1.0,
-        schedule=warmup_cosine(3, 10),
-        checkpoint_dir=tmp_path,
-        checkpoint_every=4,
-        progress=False,
-        **kw,
-    )
+    settings = dict(max_steps=10, accumulation=2, clip_grad_norm=1.0, checkpoint_every=4, progress=False)
+    return TrainConfig(schedule=warmup_cosine(3, 10), checkpoint_dir=tmp_path, **{**settings, **kw})
 
 
 class Killed(Exception):
@@ -397,3 +390,64 @@ def test_an_interrupt_saves_the_last_finished_step_and_resuming_loses_nothing(tm
     model, opt, _ = resumable_setup(1)  # other weights: the checkpoint must restore everything
     resumed = train(model, opt, batches, gpt_loss, config(tmp_path / "run"), resume=True)
     assert resumed["loss"] == pytest.approx(reference["loss"][6:], abs=1e-6)
+
+
+# -- keeping only the newest checkpoints ----------------------------------------------------------------
+def test_keep_checkpoints_removes_the_older_ones_and_resuming_is_still_exact(tmp_path):
+    model, opt, batches = resumable_setup(0)
+    torch.manual_seed(1)
+    full = train(model, opt, batches, gpt_loss, config(tmp_path / "all", checkpoint_every=2))
+    assert len(ckpt.checkpoints(tmp_path / "all")) == 5  # steps 2, 4, ..., 10: every one kept by default
+
+    model, opt, batches = resumable_setup(0)
+    torch.manual_seed(1)
+    with pytest.raises(Killed):
+        kept = config(tmp_path / "kept", checkpoint_every=2, keep_checkpoints=2)
+        train(model, opt, batches, gpt_loss, kept, callbacks=[kill_at(7)])
+    assert [p.name for p in ckpt.checkpoints(tmp_path / "kept")] == ["step-000004", "step-000006"]
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["step-000004", "step-000006"]  # no leftovers
+
+    model, opt, batches = resumable_setup(99)
+    resumed = train(model, opt, batches, gpt_loss, kept, resume=True)
+    assert resumed["loss"] == full["loss"][6:]  # exactly: pruning removed only what resuming does not need
+    assert [p.name for p in ckpt.checkpoints(tmp_path / "kept")] == ["step-000008", "step-000010"]
+
+
+def test_with_kept_checkpoints_a_damaged_latest_still_falls_back_to_the_one_before(tmp_path):
+    model, opt, batches = resumable_setup(0)
+    train(model, opt, batches, gpt_loss, config(tmp_path, checkpoint_every=2, keep_checkpoints=2))
+    newest = tmp_path / "step-000010" / "tensors.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 1
+    newest.write_bytes(bytes(data))
+    fresh, fresh_opt, _ = resumable_setup(0)
+    with pytest.warns(RuntimeWarning, match="skipping a damaged checkpoint: .*step-000010"):
+        path, state = ckpt.load_latest(tmp_path, fresh, fresh_opt)
+    assert path.name == "step-000008" and state["step"] == 8
+
+
+def test_keep_checkpoints_below_two_or_without_a_folder_is_refused(tmp_path):
+    for keep in (1, 0, 2.5):
+        with pytest.raises(ValueError, match="keep_checkpoints must be an int >= 2"):
+            TrainConfig(max_steps=3, checkpoint_dir=tmp_path, keep_checkpoints=keep)
+    with pytest.raises(ValueError, match="keep_checkpoints needs a checkpoint_dir"):
+        TrainConfig(max_steps=3, keep_checkpoints=2)
+    with pytest.raises(ValueError, match="keep must be an int >= 2"):
+        ckpt.prune(tmp_path, 1)
+
+
+def test_a_prune_killed_midway_leaves_a_hidden_leftover_not_a_half_checkpoint(tmp_path, monkeypatch):
+    model, opt, batches = resumable_setup(0)
+    train(model, opt, batches, gpt_loss, config(tmp_path))  # steps 4, 8, 10
+
+    def killed(path, *args, **kwargs):  # the process dies inside the deletion: a half-deleted folder stays
+        (Path(path) / ckpt.TENSORS).unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.prune(tmp_path, 2)
+    monkeypatch.undo()
+    assert [p.name for p in ckpt.checkpoints(tmp_path)] == ["step-000008", "step-000010"]
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert [p.name.split(".tmp-")[0] for p in leftovers] == [".step-000004"]  # hidden, not a checkpoint

@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
             device=device,
             tokenizer_chars=args.tokenizer_chars,
             checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints,
             eval_every=args.eval_every,
         )
         result.pop("history")

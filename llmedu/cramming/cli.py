@@ -2,6 +2,7 @@
 
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed
     python -m llmedu.cramming pretrain --budget 10m --out runs/crammed --resume     # after an interruption
+    python -m llmedu.cramming pretrain --budget 24h --out runs/day --keep-checkpoints 3  # a GPU day: the newest 3 kept
     python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes
     python -m llmedu.cramming finetune --checkpoint runs/crammed --task rotten_tomatoes --from-scratch  # the control
     python -m llmedu.cramming evaluate --runs crammed=runs/crammed --out runs/evaluation.json  # issue #26's protocol
@@ -89,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--accumulation", type=int, default=None, help="micro-batches per optimizer step (default: the recipe's)"
     )
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps between checkpoints")
+    p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=None,
+        help="keep only the newest N (>= 2) checkpoints (default: all, which probe-curve reads; a day at the "
+        "GPU shape writes about 1.2 GB per checkpoint)",
+    )
     p.add_argument(
         "--dedup",
         action="store_true",

@@ -210,6 +210,7 @@ def pretrain(
     device: torch.device | None = None,
     tokenizer_chars: int = 400_000,
     checkpoint_every: int = 100,
+    keep_checkpoints: int | None = None,
     eval_batches: int = 20,
     eval_every: int | None = None,
     progress: bool = True,
@@ -220,6 +221,7 @@ def pretrain(
     Returns the summary (also written to ``out/summary.json``). ``resume=True`` continues an
     interrupted run from its latest checkpoint; ``run`` must be the saved one. ``eval_every``: also
     measure the held-out loss (``eval_batches`` batches) every that many steps, into ``val_history``.
+    ``keep_checkpoints``: keep only the newest N (>= 2) checkpoints (None: every one, which ``probe_curve`` reads).
     """
     if eval_every is not None and (not isinstance(eval_every, int) or eval_every < 1):
         raise ValueError(f"eval_every must be an int >= 1 (steps) or None, got {eval_every!r}")
@@ -255,6 +257,7 @@ def pretrain(
         clip_grad_norm=recipe.clip_grad_norm,
         checkpoint_dir=checkpoints,
         checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
         progress=progress,
     )
     on_device = lambda i: {k: v.to(device, non_blocking=True) for k, v in data(i).items()}  # noqa: E731

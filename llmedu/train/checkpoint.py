@@ -21,8 +21,14 @@ caught, not resumed from. ``load`` reads and checks *everything* before it chang
 missing, corrupt or mismatched checkpoint raises ``CheckpointError`` (naming the file) and leaves the
 model and optimizer untouched; ``load_latest`` then falls back to the checkpoint before it.
 
-Left out: sharded checkpoints (one file per rank, lesson 14), asynchronous saving, keeping only
-the last N checkpoints.
+``prune`` keeps the newest N checkpoints and removes the older ones, so that a long run does not fill
+the disk (a day of BERT-base on a GPU, a checkpoint of weights and Adam's moments every 100 steps, would
+write terabytes). N is at least 2, so that ``load_latest`` always has a checkpoint to fall back to. A
+folder is renamed to a hidden temporary name before it is deleted: a run killed while pruning leaves
+either the whole checkpoint or a leftover that the next save removes, never a half-deleted one that looks
+complete.
+
+Left out: sharded checkpoints (one file per rank, lesson 14), asynchronous saving.
 """
 
 from __future__ import annotations
@@ -43,7 +49,17 @@ from torch import nn
 from ..data.cache import sha256_of
 from ..runtime import process_alive
 
-__all__ = ["CheckpointError", "save", "read", "load", "load_latest", "latest", "checkpoints", "checkpoint_name"]
+__all__ = [
+    "CheckpointError",
+    "save",
+    "prune",
+    "read",
+    "load",
+    "load_latest",
+    "latest",
+    "checkpoints",
+    "checkpoint_name",
+]
 
 FORMAT = "llmedu-checkpoint-1"
 TENSORS, STATE = "tensors.safetensors", "state.json"
@@ -76,11 +92,23 @@ def latest(root: str | Path) -> Path | None:
 
 
 def _remove_leftovers(root: Path) -> None:
-    """Delete temporary folders that a process killed while saving left behind (their writer is dead)."""
+    """Delete temporary folders that a process killed while saving or pruning left behind (it is dead)."""
     for tmp in root.glob(".step-*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prune(root: str | Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` (>= 2) complete checkpoints under ``root``; return the removed."""
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 2:
+        raise ValueError(f"keep must be an int >= 2 (load_latest falls back to the one before), got {keep!r}")
+    removed = checkpoints(root)[:-keep]
+    for old in removed:
+        doomed = old.with_name(f".{old.name}.tmp-{os.getpid()}")
+        os.replace(old, doomed)  # gone from checkpoints() at once, whatever happens next
+        shutil.rmtree(doomed)
+    return removed
 
 
 # -- saving --------------------------------------------------------------------------------------

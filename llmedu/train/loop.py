@@ -36,7 +36,8 @@ infinite stops training with ``FloatingPointError`` before that step is applied 
 ``MAX_SKIPPED_IN_A_ROW`` in a row. Ctrl-C (SIGINT) or SIGTERM during training saves a checkpoint of
 the last finished step (when there is a ``checkpoint_dir``) and then raises ``KeyboardInterrupt``: a
 resumed run loses nothing. Resuming from the latest checkpoint falls back to the one before when the
-latest is damaged (``checkpoint.load_latest``).
+latest is damaged (``checkpoint.load_latest``). ``keep_checkpoints=N`` removes all but the newest N
+(at least 2, for that fallback) after each save, so that a long run does not fill the disk.
 
 Left out: evaluation during training (a callback can do it), several optimizers, ``torch.compile``.
 """
@@ -76,6 +77,7 @@ class TrainConfig:
     schedule: Schedule | None = None  # step -> multiplier of each group's base learning rate
     checkpoint_dir: str | Path | None = None
     checkpoint_every: int | None = None  # steps between checkpoints (and one at the end)
+    keep_checkpoints: int | None = None  # after each save, keep the newest N (>= 2) and remove older; None: all
     progress: bool = True  # a tqdm progress bar
     nonfinite: str = "raise"  # a NaN/inf loss or gradient norm: "raise" (stop) or "skip" the step
 
@@ -94,6 +96,14 @@ class TrainConfig:
             raise ValueError(f"clip_grad_norm must be positive, got {self.clip_grad_norm!r}")
         if self.checkpoint_every is not None and (self.checkpoint_dir is None or self.checkpoint_every < 1):
             raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+        if self.keep_checkpoints is not None:
+            if self.checkpoint_dir is None:
+                raise ValueError("keep_checkpoints needs a checkpoint_dir")
+            if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+                raise ValueError(
+                    f"keep_checkpoints must be an int >= 2 (a damaged latest checkpoint falls back to the one "
+                    f"before) or None, got {self.keep_checkpoints!r}"
+                )
         if self.nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite must be 'raise' or 'skip', got {self.nonfinite!r}")
 
@@ -186,19 +196,19 @@ def train(
                 )
                 _report(info, history, callbacks, bar)
                 if c.checkpoint_every and progress.step % c.checkpoint_every == 0:
-                    _save(c.checkpoint_dir, model, optimizer, policy, progress)
+                    _save(c, model, optimizer, policy, progress)
                     saved_at = progress.step
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the last finished step, then stop as asked
         optimizer.zero_grad(set_to_none=True)  # the interrupted step's partial gradients
         if c.checkpoint_dir is not None and saved_at != progress.step:
-            path = _save(c.checkpoint_dir, model, optimizer, policy, progress)
+            path = _save(c, model, optimizer, policy, progress)
             print(f"interrupted: step {progress.step} saved in {path}; resume=True continues from it", flush=True)
         raise
     finally:
         bar.close()
     history.stop_reason = stop
     if c.checkpoint_dir is not None and saved_at != progress.step:
-        _save(c.checkpoint_dir, model, optimizer, policy, progress)  # the final state
+        _save(c, model, optimizer, policy, progress)  # the final state
     return history
 
 
@@ -295,6 +305,11 @@ def _report(info: StepInfo, history: History, callbacks, bar: tqdm) -> None:
     bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
 
 
-def _save(directory, model, optimizer, policy: Precision, progress: _Progress) -> Path:
+def _save(c: TrainConfig, model, optimizer, policy: Precision, progress: _Progress) -> Path:
     scaler = policy.scaler.state_dict() if policy.scaler else None
-    return ckpt.save(directory, model, optimizer, {**asdict(progress), "scaler": scaler})  # step, position, seconds
+    path = ckpt.save(
+        c.checkpoint_dir, model, optimizer, {**asdict(progress), "scaler": scaler}
+    )  # step, position, seconds
+    if c.keep_checkpoints is not None:  # only once the new one is complete
+        ckpt.prune(c.checkpoint_dir, c.keep_checkpoints)
+    return path
