@@ -12,9 +12,9 @@ The run folder holds ``run.json`` (the ``PretrainRun``: recipe, corpora, budget 
 resume must match), ``tokenizer.json``, ``checkpoints/step-NNNNNN`` (the trainer's, resumable
 exactly) and ``summary.json`` (the figures printed at the end).
 
-Sparse prediction (the paper's sec. 4.2, its head block): the MLM head is a dense layer, a norm and a (T, vocab)
-matmul per position, but only the ~15% masked positions carry a loss. Running the head on those
-rows alone gives the same loss and gradients, and skips about 85% of the largest matmul.
+Sparse prediction (the paper's sec. 4.2, its head block): the MLM head is a dense layer, a norm and a
+(T, vocab) matmul per position, but only the ~15% masked positions carry a loss. Running the head on
+those rows alone gives the same loss and gradients, and skips about 85% of the largest matmul.
 
 Passes over the data (issue #26): the summary states the training split's packed tokens
 (``corpus_tokens``), the tokens read across resumes (``tokens_seen``) and their ratio (``passes``): a run

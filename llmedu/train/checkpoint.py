@@ -53,6 +53,7 @@ __all__ = [
     "CheckpointError",
     "save",
     "prune",
+    "check_keep",
     "read",
     "load",
     "load_latest",
@@ -99,10 +100,17 @@ def _remove_leftovers(root: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_keep(keep, name: str = "keep") -> None:
+    """How many checkpoints to keep: an int >= 2, so that a damaged latest one has one before it."""
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 2:
+        raise ValueError(
+            f"{name} must be an int >= 2 (a damaged latest checkpoint falls back to the one before), got {keep!r}"
+        )
+
+
 def prune(root: str | Path, keep: int) -> list[Path]:
     """Remove all but the newest ``keep`` (>= 2) complete checkpoints under ``root``; return the removed."""
-    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 2:
-        raise ValueError(f"keep must be an int >= 2 (load_latest falls back to the one before), got {keep!r}")
+    check_keep(keep)
     removed = checkpoints(root)[:-keep]
     for old in removed:
         doomed = old.with_name(f".{old.name}.tmp-{os.getpid()}")

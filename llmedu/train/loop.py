@@ -99,11 +99,7 @@ class TrainConfig:
         if self.keep_checkpoints is not None:
             if self.checkpoint_dir is None:
                 raise ValueError("keep_checkpoints needs a checkpoint_dir")
-            if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
-                raise ValueError(
-                    f"keep_checkpoints must be an int >= 2 (a damaged latest checkpoint falls back to the one "
-                    f"before) or None, got {self.keep_checkpoints!r}"
-                )
+            ckpt.check_keep(self.keep_checkpoints, "keep_checkpoints")
         if self.nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite must be 'raise' or 'skip', got {self.nonfinite!r}")
 
@@ -307,9 +303,8 @@ def _report(info: StepInfo, history: History, callbacks, bar: tqdm) -> None:
 
 def _save(c: TrainConfig, model, optimizer, policy: Precision, progress: _Progress) -> Path:
     scaler = policy.scaler.state_dict() if policy.scaler else None
-    path = ckpt.save(
-        c.checkpoint_dir, model, optimizer, {**asdict(progress), "scaler": scaler}
-    )  # step, position, seconds
+    state = {**asdict(progress), "scaler": scaler}  # step, position, seconds
+    path = ckpt.save(c.checkpoint_dir, model, optimizer, state)
     if c.keep_checkpoints is not None:  # only once the new one is complete
         ckpt.prune(c.checkpoint_dir, c.keep_checkpoints)
     return path
