@@ -38,7 +38,13 @@ __all__ = [
 def cache_dir() -> Path:
     """The folder that holds the archives and everything extracted from them (see the docstring)."""
     if os.environ.get("LLMEDU_DATA"):
-        return Path(os.environ["LLMEDU_DATA"]).expanduser().resolve()
+        folder = Path(os.environ["LLMEDU_DATA"]).expanduser().resolve()
+        if folder.exists() and not folder.is_dir():
+            raise NotADirectoryError(
+                f"LLMEDU_DATA={os.environ['LLMEDU_DATA']!r} points at {folder}, which is a file, not a folder: "
+                f"set LLMEDU_DATA to the folder that holds (or will hold) archives/, or unset it."
+            )
+        return folder
     repo = Path(__file__).resolve().parents[2]
     if (repo / "pyproject.toml").is_file() and (repo / "llmedu" / "__init__.py").is_file():
         return repo / "data" / "cache"

@@ -12,10 +12,13 @@ file by name, streams it into a temporary file while hashing it, and keeps it on
 the one recorded below: nothing from the download is unpacked, built or run before that check, nor
 after it. At run time the loaders open the wheel (a zip) or the sdist (a tar.gz) and read the files
 they need straight out of it: no network, no import of the package, nothing installed. Where the
-archives live: ``cache.cache_dir()``.
+archives live: ``cache.cache_dir()``. Each archive is hashed once per process, and again whenever
+its size, modification time or inode has changed since, so a file replaced on disk is never read
+unchecked.
 
 What this leaves out: pip's ``--find-links`` folders, proxies other than the environment's, resumable
-downloads, and any fallback that would hide a missing or altered archive. A wrong checksum is an
+downloads, a rewrite in place that keeps the size and sets the old modification time back on purpose,
+and any fallback that would hide a missing or altered archive. A wrong checksum is an
 error, not a warning.
 """
 
@@ -134,7 +137,16 @@ class MissingDataError(FileNotFoundError):
     """An archive is not in the cache (or is not the one recorded here)."""
 
 
-_verified: set[Path] = set()  # archives whose checksum this process has already checked
+# Archives whose checksum this process has checked: path -> (size, mtime_ns, inode) at that moment.
+# A file replaced or rewritten since then differs in one of the three and is hashed again.
+_verified: dict[Path, tuple[int, int, int]] = {}
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is rewritten or replaced: its size, modification time and inode
+    (of the file a symbolic link points to)."""
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino
 
 
 def archive_path(name: str) -> Path:
@@ -149,14 +161,16 @@ def archive_path(name: str) -> Path:
             f"Run `python -m llmedu.data fetch` once (it needs access to PyPI), "
             f"or point LLMEDU_DATA at a folder that holds archives/{archive.filename}."
         )
-    if path not in _verified:
+    identity = _identity(path)
+    if _verified.get(path) != identity:  # never checked, or changed on disk since it was
+        _verified.pop(path, None)
         found = sha256_of(path)
         if found != archive.sha256:
             raise MissingDataError(
                 f"{path} has sha256 {found}, expected {archive.sha256}: the file is damaged or not the "
                 f"published {archive.name}=={archive.version}. Delete it and run `python -m llmedu.data fetch`."
             )
-        _verified.add(path)
+        _verified[path] = identity
     return path
 
 
@@ -256,7 +270,7 @@ def fetch(names: list[str] | None = None, force: bool = False, quiet: bool = Fal
                     f"{archive.filename}: sha256 {found}, expected {archive.sha256}; not kept, not opened"
                 )
             os.replace(got, path)
-        _verified.add(path)
+        _verified[path] = _identity(path)
         say(f"{step}: {path.stat().st_size / 2**20:.1f} MiB, checksum ok")
         paths.append(path)
     return paths
