@@ -179,6 +179,23 @@ def test_block_table_referencing_a_freed_block_is_an_error():
         cache.block_tables([0])
 
 
+def test_a_hand_built_block_table_naming_another_block_is_refused():
+    cache = PagedKVCache(n_layers=1, n_kv_heads=1, head_dim=2, num_blocks=8, block_size=4)
+    cache.add(0), cache.add(1)
+    fill(cache, 0, 6, 1.0), fill(cache, 1, 3, 2.0)  # sequence 0: blocks [0, 1]; sequence 1: [2]; 3..7 free
+    q = torch.randn(2, 1, 1, 2, generator=torch.Generator().manual_seed(0))
+    own = cache.block_tables([0, 1])  # [[0, 1], [2, 2]]: the second row padded with its own block
+    torch.testing.assert_close(cache.attend(0, q, [0, 1], own.clone()), cache.attend(0, q, [0, 1]))
+    with pytest.raises(ValueError, match=r"sequence 0 names block 5, never allocated to it \(its blocks: \[0, 1\]\)"):
+        cache.attend(0, q, [0, 1], torch.tensor([[0, 5], [2, 2]]))  # block 5 holds zeros: it was read as keys
+    with pytest.raises(ValueError, match="sequence 1 names block 0, never allocated to it"):
+        cache.attend(0, q, [0, 1], torch.tensor([[0, 1], [2, 0]]))  # even as padding: sequence 0's block
+    with pytest.raises(ValueError, match="sequence 0 names block 1, in place 0, where 0 belongs"):
+        cache.attend(0, q, [0, 1], torch.tensor([[1, 0], [2, 2]]))  # its own blocks, out of token order
+    with pytest.raises(ValueError, match=r"2 rows of at least 2 blocks, got \(2, 1\)"):
+        cache.attend(0, q, [0, 1], torch.tensor([[0], [2]]))
+
+
 def test_out_of_blocks_leaves_the_cache_unchanged():
     cache = PagedKVCache(1, 1, 2, num_blocks=3, block_size=4)
     cache.add(0), cache.add(1)

@@ -26,6 +26,9 @@ Sharing: ``fork(parent, child)`` gives the child the parent's table and one more
 block, so n samples of one prompt store the prompt once. Copy-on-write: before a sequence appends
 to a last block that others share, it gets a private copy of that block (sec. 4.4, Fig. 8).
 
+``PagedKVCache.attend`` runs the blockwise attention over the cache, through its own tables or a
+hand-built one that it checks first (a block not the sequence's own is an error, not zeros).
+
 ``PagedBatch`` lets an unmodified model decode with this cache: it has the members the model asks of
 a cache (``llmedu.nn.kv_cache.KVCacheLike``): ``length``, ``first_position`` and ``update(layer, k, v)``.
 
@@ -252,8 +255,12 @@ class PagedKVCache:
             self.v[layer, block, :, offset : offset + hi - lo] = v[:, lo - start : hi - start]
             self.filled[block] = max(self.filled[block], offset + hi - lo)
 
-    def block_tables(self, seqs: list[int]) -> torch.Tensor:
-        """(B, n_blocks) long: the tables of ``seqs``, checked, padded with their own last block."""
+    def block_tables(self, seqs: list[int], given: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, n_blocks) long: the tables of ``seqs``, checked, padded with their own last block.
+
+        ``given``: a table built by hand, returned only if row b names sequence b's own blocks, in token
+        order (any of them as padding): a block never allocated to it would be read as zeros or as
+        another sequence's keys, so it is an error that names the sequence and the block."""
         for s in seqs:
             self._known(s)
         width = max(len(self.tables[s]) for s in seqs)
@@ -264,7 +271,23 @@ class PagedKVCache:
                     raise ValueError(f"the block table of sequence {s} references block {block}, which is free")
             table = self.tables[s]
             rows.append(table + (table[-1:] or [0]) * (width - len(table)))
-        return torch.tensor(rows, dtype=torch.long, device=self.k.device)
+        if given is None:
+            return torch.tensor(rows, dtype=torch.long, device=self.k.device)
+        if given.dim() != 2 or given.shape[0] != len(seqs) or given.shape[1] < width:
+            raise ValueError(f"need a table of {len(seqs)} rows of at least {width} blocks, got {tuple(given.shape)}")
+        for s, row in zip(seqs, given.tolist()):
+            own = self.tables[s]
+            for j, block in enumerate(row):
+                if block not in own or (j < len(own) and block != own[j]):
+                    why = "never allocated to it" if block not in own else f"in place {j}, where {own[j]} belongs"
+                    raise ValueError(f"the block table of sequence {s} names block {block}, {why} (its blocks: {own})")
+        return given
+
+    def attend(self, layer: int, q: torch.Tensor, seqs: list[int], given: torch.Tensor | None = None) -> torch.Tensor:
+        """``paged_attention_blockwise`` of the last Tq tokens of ``seqs``, q (B, H, Tq, D), in ``layer``."""
+        tables = self.block_tables(seqs, given)  # (B, n_blocks)
+        lengths = torch.tensor([self.lengths[s] for s in seqs], device=q.device)
+        return paged_attention_blockwise(q, self.k[layer], self.v[layer], tables, lengths)  # (B, H, Tq, D)
 
     # -- the memory figures ----------------------------------------------------------------------
     def slots(self) -> dict[str, int]:
