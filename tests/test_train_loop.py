@@ -195,7 +195,9 @@ def test_resume_from_bad_checkpoints_is_a_clear_error_and_changes_nothing(tmp_pa
 
     bad = tmp_path / "bad"
     bad.mkdir()
-    unrecorded = {k: v for k, v in json.loads((good / "state.json").read_text()).items() if k != "sha256"}
+    unrecorded = {
+        k: v for k, v in json.loads((good / "state.json").read_text()).items() if k not in ("sha256", "state_sha256")
+    }
     (bad / "state.json").write_text(json.dumps(unrecorded))  # no record: the file itself must be read safely
     payload = tmp_path / "pwned"
 
@@ -204,19 +206,24 @@ def test_resume_from_bad_checkpoints_is_a_clear_error_and_changes_nothing(tmp_pa
             return (open, (str(payload), "w"))
 
     (bad / "tensors.safetensors").write_bytes(pickle.dumps(Evil()))  # a pickle dressed as safetensors
-    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+    with pytest.raises(
+        ckpt.UncheckedCheckpointError, match="records no sha256 of tensors.safetensors nor of state.json"
+    ):
         ckpt.load(bad, model, opt)
+    with pytest.warns(RuntimeWarning, match="unchecked"), pytest.raises(CheckpointError, match="not a readable safe"):
+        ckpt.load(bad, model, opt, allow_unchecked=True)
     assert not payload.exists()
 
     (bad / "tensors.safetensors").write_bytes((good / "tensors.safetensors").read_bytes()[:1000])  # truncated
-    with pytest.raises(CheckpointError, match="not a readable safetensors"):
-        ckpt.load(bad, model, opt)
+    with pytest.warns(RuntimeWarning, match="unchecked"), pytest.raises(CheckpointError, match="not a readable safe"):
+        ckpt.load(bad, model, opt, allow_unchecked=True)
     (bad / "tensors.safetensors").write_bytes((good / "tensors.safetensors").read_bytes())
     (bad / "state.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         ckpt.load(bad, model, opt)
     state = json.loads((good / "state.json").read_text())
     del state["rng"]
+    state["state_sha256"] = ckpt._state_digest(state)  # as a writer that left it out would record it
     (bad / "state.json").write_text(json.dumps(state))
     with pytest.raises(CheckpointError, match="incomplete or corrupt"):
         ckpt.load(bad, model, opt)

@@ -16,10 +16,17 @@ a JSON header plus raw bytes, so loading reads numbers and nothing else; the res
 A checkpoint is a folder ``step-000120`` written under a hidden temporary name and then renamed
 (``os.replace``, atomic on POSIX): a run killed while saving leaves the previous checkpoint intact
 and no half-written folder that looks complete; the next save removes such leftovers of dead
-processes. ``state.json`` records the sha256 of the tensor file, so a flipped byte in the weights is
-caught, not resumed from. ``load`` reads and checks *everything* before it changes anything, so a
-missing, corrupt or mismatched checkpoint raises ``CheckpointError`` (naming the file) and leaves the
-model and optimizer untouched; ``load_latest`` then falls back to the checkpoint before it.
+processes. ``state.json`` records the sha256 of the tensor file and of its own content, so a flipped
+byte in the weights or in the step, position or seed is caught, not resumed from; a checkpoint without
+these checksums is refused too (one written before they were recorded loads with ``allow_unchecked=True``,
+with a warning). ``load`` reads and checks *everything* before it changes anything, so a missing, corrupt
+or mismatched checkpoint raises ``CheckpointError`` (naming the file) and leaves the model and optimizer
+untouched.
+
+``newest_intact`` is what a resume starts from: it checks the checkpoints newest first and moves each
+damaged one aside (``step-000120`` becomes ``step-000120.damaged``, which is no checkpoint to list,
+resume from or prune, and is kept for a look), so the run goes on from the one before, saves the steps it
+recomputes under their own names, and can be resumed again.
 
 ``prune`` keeps the newest N checkpoints and removes the older ones, so that a long run does not fill
 the disk (a day of BERT-base on a GPU, a checkpoint of weights and Adam's moments every 100 steps, would
@@ -33,6 +40,7 @@ Left out: sharded checkpoints (one file per rank, lesson 14), asynchronous savin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -57,6 +65,7 @@ __all__ = [
     "read",
     "load",
     "load_latest",
+    "newest_intact",
     "latest",
     "checkpoints",
     "checkpoint_name",
@@ -68,6 +77,16 @@ TENSORS, STATE = "tensors.safetensors", "state.json"
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt, or does not fit the model/optimizer it is loaded into."""
+
+
+class UncheckedCheckpointError(CheckpointError):
+    """A checkpoint records no checksum to check it against: damaged, or written before they were recorded."""
+
+
+def _state_digest(state: dict) -> str:
+    """The sha256 of a checkpoint's state (everything in state.json but this digest), key order aside."""
+    content = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def checkpoint_name(step: int) -> str:
@@ -163,6 +182,7 @@ def save(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, t
     tmp.mkdir()
     save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT})
     state["sha256"] = sha256_of(tmp / TENSORS)  # of the bytes as written, checked by load
+    state["state_sha256"] = _state_digest(json.loads(json.dumps(state)))  # as JSON will read it back
     with open(tmp / STATE, "w") as f:
         json.dump(state, f, indent=1)
         f.flush()
@@ -172,10 +192,12 @@ def save(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, t
 
 
 # -- loading -------------------------------------------------------------------------------------
-def read(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+def read(path: str | Path, *, allow_unchecked: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """(tensors, state) of one checkpoint folder, checked: both files present, the state valid JSON of this
-    format, the tensor file's sha256 the one recorded at save time, and a readable safetensors file.
-    For readers that need the weights without a model and optimizer to load into (``load`` uses it too)."""
+    format, the state's and the tensor file's sha256 the ones recorded at save time, and a readable
+    safetensors file. For readers that need the weights without a model and optimizer to load into
+    (``load`` uses it too). A checkpoint that records no checksum is refused (``UncheckedCheckpointError``)
+    unless ``allow_unchecked``: then what is recorded is checked and the rest loads with a warning."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"no checkpoint at {path}: not a folder")
@@ -188,7 +210,20 @@ def read(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise CheckpointError(f"{path / STATE} is not valid JSON: {err}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path / STATE} is not an {FORMAT} file")
-    recorded = state.pop("sha256", None)  # checkpoints written before it was recorded have none
+    own = state.get("state_sha256")
+    if own is not None and own != _state_digest(state):
+        raise CheckpointError(f"{path / STATE} differs from the sha256 recorded in it when it was saved: it is damaged")
+    missing = [name for key, name in (("sha256", TENSORS), ("state_sha256", STATE)) if key not in state]
+    if missing:
+        message = f"{path / STATE} records no sha256 of {' nor of '.join(missing)}, so it cannot be checked"
+        if not allow_unchecked:
+            raise UncheckedCheckpointError(
+                f"{message}: it is damaged, or was written by an older llmedu (then load it with "
+                "allow_unchecked=True, or move the folder aside to resume from the checkpoint before it)"
+            )
+        warnings.warn(f"{message}; loading it unchecked, as asked (allow_unchecked=True)", RuntimeWarning, stacklevel=3)
+    state.pop("state_sha256", None)
+    recorded = state.pop("sha256", None)
     if recorded is not None and sha256_of(path / TENSORS) != recorded:
         raise CheckpointError(f"{path / TENSORS} differs from the sha256 recorded when it was saved: it is damaged")
     try:
@@ -243,11 +278,13 @@ def _optimizer_state(path: Path, optimizer: torch.optim.Optimizer, tensors: dict
     return {"state": state, "param_groups": groups}
 
 
-def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def load(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, allow_unchecked: bool = False
+) -> dict:
     """Load a checkpoint folder into ``model`` and ``optimizer``, restore the RNGs; return the
     training state (step, position, seconds, scaler...). Nothing changes if anything is wrong."""
     path = Path(path)
-    tensors, state = read(path)
+    tensors, state = read(path, allow_unchecked=allow_unchecked)
     try:
         weights = _check_model(path, model, tensors)
         opt_state = _optimizer_state(path, optimizer, tensors, state["optimizer"])
@@ -271,18 +308,41 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -
     return {k: v for k, v in state.items() if k not in ("format", "optimizer", "rng")}
 
 
-def load_latest(root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Path, dict]:
-    """Load the newest checkpoint under ``root`` that loads; return its path and training state.
+def newest_intact(root: str | Path, *, allow_unchecked: bool = False) -> Path | None:
+    """The newest checkpoint under ``root`` that passes ``read``'s checks, or None if there is none.
 
-    A damaged newest checkpoint is reported (a warning naming it and why) and the one before is
-    tried, so a crash that corrupted the last save costs ``checkpoint_every`` steps, not the run.
+    Each damaged one newer than it is moved aside (renamed ``<name>.damaged``, with a warning naming it
+    and why): no longer a checkpoint to list, resume from or prune, so that the run can save the steps it
+    recomputes under their own names. A checkpoint that records no checksum is not moved: that is an
+    error (``UncheckedCheckpointError``) unless ``allow_unchecked``, since it may be an older llmedu's.
     """
-    found = checkpoints(root)
-    if not found:
-        raise CheckpointError(f"no checkpoint in {root}")
-    for path in reversed(found):
+    for path in reversed(checkpoints(root)):
         try:
-            return path, load(path, model, optimizer)
+            read(path, allow_unchecked=allow_unchecked)
+            return path
+        except UncheckedCheckpointError:
+            raise
         except CheckpointError as err:
-            warnings.warn(f"skipping a damaged checkpoint: {err}", RuntimeWarning, stacklevel=2)
-    raise CheckpointError(f"none of the {len(found)} checkpoints in {root} loads (see the warnings above)")
+            aside = path.with_name(f"{path.name}.damaged")
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = path.with_name(f"{path.name}.damaged-{n}")
+            os.replace(path, aside)
+            warnings.warn(f"skipping a damaged checkpoint: {err}; moved aside to {aside}", RuntimeWarning, stacklevel=2)
+    return None
+
+
+def load_latest(
+    root: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *, allow_unchecked: bool = False
+) -> tuple[Path, dict]:
+    """Load the newest intact checkpoint under ``root`` (``newest_intact``); return its path and training state.
+
+    A damaged newer one is reported and moved aside, so a crash that corrupted the last save costs
+    ``checkpoint_every`` steps, not the run. A checkpoint that is intact but does not fit the model or
+    optimizer is an error, not a reason to fall back: the one before would not fit either.
+    """
+    path = newest_intact(root, allow_unchecked=allow_unchecked)
+    if path is None:
+        raise CheckpointError(f"no intact checkpoint in {root} (damaged ones are moved aside, see the warnings)")
+    return path, load(path, model, optimizer, allow_unchecked=allow_unchecked)

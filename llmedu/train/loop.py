@@ -35,9 +35,10 @@ infinite stops training with ``FloatingPointError`` before that step is applied 
 ``TrainConfig(nonfinite="skip")`` skips such steps instead, with a warning, and still stops after
 ``MAX_SKIPPED_IN_A_ROW`` in a row. Ctrl-C (SIGINT) or SIGTERM during training saves a checkpoint of
 the last finished step (when there is a ``checkpoint_dir``) and then raises ``KeyboardInterrupt``: a
-resumed run loses nothing. Resuming from the latest checkpoint falls back to the one before when the
-latest is damaged (``checkpoint.load_latest``). ``keep_checkpoints=N`` removes all but the newest N
-(at least 2, for that fallback) after each save, so that a long run does not fill the disk.
+resumed run loses nothing. Resuming starts from the newest intact checkpoint
+(``checkpoint.newest_intact``): a damaged newer one is moved aside with a warning, and the steps after
+the one before are recomputed and saved. ``keep_checkpoints=N`` removes all but the newest N (at least
+2, for that fallback) after each save, so that a long run does not fill the disk.
 
 Left out: evaluation during training (a callback can do it), several optimizers, ``torch.compile``.
 """
@@ -143,12 +144,14 @@ def train(
     callbacks: Iterable[Callable[[StepInfo], None]] = (),
     resume: bool | str | Path = False,
     count_tokens: Callable[[Any], int] = count_tokens,
+    allow_unchecked: bool = False,
 ) -> History:
     """Train until the budget in ``config`` is spent (or the data ends); see the module docstring.
 
     ``resume``: True continues from the latest checkpoint in ``config.checkpoint_dir``; a path
     continues from that checkpoint folder. Without it, an existing checkpoint in the directory is
-    an error rather than something to overwrite.
+    an error rather than something to overwrite. ``allow_unchecked``: resume from a checkpoint that
+    records no checksums (one written by an older llmedu), with a warning; otherwise that is an error.
     """
     c = config
     policy = c.precision if isinstance(c.precision, Precision) else Precision(c.precision)
@@ -156,7 +159,7 @@ def train(
     device = params[0].device
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])  # the base rate the schedule multiplies
-    progress = _start_or_resume(c.checkpoint_dir, resume, model, optimizer, policy)
+    progress = _start_or_resume(c.checkpoint_dir, resume, model, optimizer, policy, allow_unchecked)
     saved_at = progress.step if resume else None  # the step of the latest checkpoint
     data = _micro_batches(batches, progress.position)
     history = History()
@@ -209,18 +212,23 @@ def train(
 
 
 # -- the steps of train() ---------------------------------------------------------------------------
-def _start_or_resume(directory, resume, model, optimizer, policy: Precision) -> _Progress:
+def _start_or_resume(directory, resume, model, optimizer, policy: Precision, allow_unchecked: bool) -> _Progress:
     """A fresh start, or the progress (and model, optimizer, loss scaler, RNG) of a checkpoint."""
     if not resume:
         if directory is not None and ckpt.latest(directory) is not None:
             raise FileExistsError(f"{directory} already holds checkpoints: pass resume=True, or use an empty directory")
         return _Progress()
     if resume is True:
-        if directory is None or ckpt.latest(directory) is None:
-            raise FileNotFoundError(f"resume=True but there is no checkpoint in {directory!r}")
-        _, state = ckpt.load_latest(directory, model, optimizer)  # falls back past a damaged latest one
+        # damaged newer ones are moved aside, so that the recomputed steps can be saved again
+        path = None if directory is None else ckpt.newest_intact(directory, allow_unchecked=allow_unchecked)
+        if path is None:
+            raise FileNotFoundError(
+                f"resume=True but there is no checkpoint in {directory!r} (none at all, or only damaged ones: "
+                "those are moved aside, with a warning)"
+            )
+        state = ckpt.load(path, model, optimizer, allow_unchecked=allow_unchecked)
     else:
-        state = ckpt.load(resume, model, optimizer)
+        state = ckpt.load(resume, model, optimizer, allow_unchecked=allow_unchecked)
     if policy.scaler is not None and state.get("scaler"):
         policy.scaler.load_state_dict(state["scaler"])
     return _Progress(state["step"], state["position"], state["seconds"])
