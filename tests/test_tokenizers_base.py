@@ -95,19 +95,76 @@ def test_bad_text_ids_and_files_are_clear_errors(text, tmp_path):
     (tmp_path / "cut.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="does not match the sha256 it was saved with"):
         UnigramTokenizer.load(tmp_path / "cut.json")
-    del saved["sha256"]  # without the record, the structure is still checked
+    del saved["sha256"]  # without the record (and allowed so), the structure is still checked
     saved["scores"] = saved["scores"][:40]
     (tmp_path / "uneven.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="not a complete 'unigram' tokenizer.*50 pieces but 40 scores"):
-        UnigramTokenizer.load(tmp_path / "uneven.json")
+        with pytest.warns(UserWarning, match="no sha256"):
+            UnigramTokenizer.load(tmp_path / "uneven.json", allow_missing_sha256=True)
     bpe = BPETokenizer().train(text[:5_000], 300)
     bpe.save(tmp_path / "bpe.json")
     state = json.loads((tmp_path / "bpe.json").read_text())
     del state["merges"], state["sha256"]
     (tmp_path / "no_merges.json").write_text(json.dumps(state))
     with pytest.raises(ValueError, match="not a complete 'bpe' tokenizer: KeyError: 'merges'"):
-        BPETokenizer.load(tmp_path / "no_merges.json")
+        with pytest.warns(UserWarning, match="no sha256"):
+            BPETokenizer.load(tmp_path / "no_merges.json", allow_missing_sha256=True)
     assert BPETokenizer.load(tmp_path / "bpe.json").encode(text[:500]) == bpe.encode(text[:500])
+
+
+def _without_sha256(tok, path, edit):
+    """Save ``tok`` to ``path`` as an older llmedu did (no sha256), after ``edit(state)`` changed it by hand."""
+    tok.save(path)
+    state = json.loads(path.read_text(encoding="utf-8"))
+    del state["sha256"]
+    edit(state)
+    path.write_text(json.dumps(state), encoding="utf-8")
+
+
+def test_a_file_without_its_sha256_is_refused_unless_allowed(text, tmp_path):
+    """Without the checksum an edit cannot be seen: a Unigram model cut to 3 pieces would encode everything as
+    <unk>, a WordPiece vocabulary reversed would give other ids. Refused, or loaded with a warning when asked."""
+    unigram = UnigramTokenizer().train(text[:5_000], 200)
+    _without_sha256(unigram, tmp_path / "uni.json", lambda s: s.update(pieces=s["pieces"][:3], scores=s["scores"][:3]))
+    with pytest.raises(ValueError, match=r"uni\.json has no sha256 .* allow_missing_sha256=True"):
+        UnigramTokenizer.load(tmp_path / "uni.json")
+    with pytest.warns(UserWarning, match=r"uni\.json has no sha256"):
+        cut = UnigramTokenizer.load(tmp_path / "uni.json", allow_missing_sha256=True)
+    assert cut.vocab_size < unigram.vocab_size  # what the opt-out lets through: the edited file, as it is
+    wordpiece = WordPieceTokenizer().train(text[:5_000], 200)
+    _without_sha256(wordpiece, tmp_path / "wp.json", lambda s: s.update(vocab=s["vocab"][::-1]))
+    with pytest.raises(ValueError, match=r"wp\.json has no sha256"):
+        WordPieceTokenizer.load(tmp_path / "wp.json")
+    bpe = BPETokenizer().train(text[:5_000], 300)
+    _without_sha256(bpe, tmp_path / "bpe.json", lambda s: None)
+    with pytest.raises(ValueError, match=r"bpe\.json has no sha256"):
+        BPETokenizer.load(tmp_path / "bpe.json")
+    with pytest.warns(UserWarning, match="no sha256"):
+        assert BPETokenizer.load(tmp_path / "bpe.json", allow_missing_sha256=True).merges == bpe.merges
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "unigram"])
+def test_a_file_not_utf8_or_cut_short_is_named(kind, text, tmp_path):
+    make = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer, "unigram": UnigramTokenizer}[kind]
+    path = tmp_path / f"{kind}.json"
+    make().train(text[:5_000], 300).save(path)
+    data = path.read_bytes()
+    (tmp_path / "latin1.json").write_bytes(data[:40] + b"\xe9" + data[40:])  # a Latin-1 byte in a UTF-8 file
+    with pytest.raises(ValueError, match=r"latin1\.json is not a saved tokenizer: byte 40 is not UTF-8"):
+        make.load(tmp_path / "latin1.json")
+    (tmp_path / "cut.json").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"cut\.json is not a saved tokenizer: invalid JSON, cut short"):
+        make.load(tmp_path / "cut.json")
+
+
+def test_gpt2_files_not_utf8_are_named(tmp_path):
+    files = reference_files("gpt2")
+    (tmp_path / "vocab.bpe").write_bytes(b"#version: 0.2\n\xc4\xa0 t\n\xff\xfe\n")
+    with pytest.raises(ValueError, match=r"vocab\.bpe is not a GPT-2 vocab\.bpe: byte \d+ is not UTF-8"):
+        BPETokenizer.from_gpt2(files["encoder.json"], tmp_path / "vocab.bpe")
+    (tmp_path / "encoder.json").write_bytes(b'{"\xff": 0}')
+    with pytest.raises(ValueError, match=r"encoder\.json is not a GPT-2 encoder\.json: byte 2 is not UTF-8"):
+        BPETokenizer.from_gpt2(tmp_path / "encoder.json", files["vocab.bpe"])
 
 
 # -- streaming: encode_iterable ---------------------------------------------------------------------

@@ -94,6 +94,20 @@ def test_incremental_training_equals_naive_recount():
     assert list(ours.merges) == naive_bpe_merges(chunks, 256 + 300)
 
 
+def test_library_naive_trainer_is_the_reference_the_fast_one_equals():
+    """``train_naive`` (recount every pair before each merge) and ``train`` (incremental counts, a heap) learn the
+    same merges, with the same ids, in the same order, on real text; and the naive one is the textbook loop above."""
+    text = load_corpus("shakespeare")[:15_000]
+    fast = BPETokenizer().train(text, 560)
+    naive = BPETokenizer().train_naive(text, 560)
+    assert len(fast.merges) >= 250  # enough merges that the order of ties and of rarer pairs is exercised
+    assert list(naive.merges.items()) == list(fast.merges.items())
+    assert naive.special_tokens == fast.special_tokens and naive.vocab == fast.vocab
+    assert list(naive.merges) == naive_bpe_merges(Counter(naive.pattern.findall(text)), 560 - 1)
+    sample = load_corpus("shakespeare", "validation")[:3_000]
+    assert naive.encode(sample) == fast.encode(sample)
+
+
 @pytest.fixture(scope="module")
 def corpus():
     return load_corpus("shakespeare")[:200_000], load_corpus("shakespeare", "validation")[:60_000]

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["Tokenizer", "as_texts", "check_text", "check_vocab_size", "split_on_special", "warn_if_short"]
+__all__ = ["Tokenizer", "as_texts", "check_text", "check_vocab_size", "read_text", "split_on_special", "warn_if_short"]
 
 FORMAT_VERSION = 1
 
@@ -146,19 +146,31 @@ class Tokenizer:
         Path(path).write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
 
     @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
-        """Read a tokenizer written by ``save``."""
+    def load(cls, path: str | Path, *, allow_missing_sha256: bool = False) -> Tokenizer:
+        """Read a tokenizer written by ``save``; its content must match the sha256 recorded in it.
+
+        Files saved before the sha256 was recorded have none, and an edit to them cannot be seen: they
+        are refused unless ``allow_missing_sha256=True``, which loads them with a warning (save them
+        again to add the checksum).
+        """
         try:
-            state = json.loads(Path(path).read_text(encoding="utf-8"))
+            state = json.loads(read_text(path, "a saved tokenizer"))
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not a saved tokenizer: invalid JSON ({err})") from None
+            raise ValueError(f"{path} is not a saved tokenizer: invalid JSON, cut short or not JSON ({err})") from None
         if not isinstance(state, dict) or state.get("kind") != cls.kind:
             found = state.get("kind") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"{path} holds a {found!r} tokenizer, not a {cls.kind!r} one")
         if state.get("format") != FORMAT_VERSION:
             raise ValueError(f"{path} has format {state.get('format')!r}; this llmedu reads {FORMAT_VERSION}")
-        recorded = state.pop("sha256", None)  # files written before it was recorded have none
-        if recorded is not None and recorded != _content_hash(state):
+        recorded = state.pop("sha256", None)
+        if recorded is None and not allow_missing_sha256:
+            raise ValueError(
+                f"{path} has no sha256 (saved by an older llmedu), so an edit or a cut cannot be detected; "
+                "if you trust it, load it with allow_missing_sha256=True and save it again"
+            )
+        if recorded is None:
+            warnings.warn(f"{path} has no sha256: loaded without checking its content", stacklevel=2)
+        elif recorded != _content_hash(state):
             raise ValueError(f"{path} does not match the sha256 it was saved with: it was altered or cut short")
         try:
             return cls._from_state(state)
@@ -233,6 +245,14 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, special_tokens={list(self.special_tokens)})"
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of the file ``path`` (``what`` it should be), or an error that names it if it is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not {what}: byte {err.start} is not UTF-8 ({err.reason})") from None
 
 
 def _content_hash(state: dict) -> str:
