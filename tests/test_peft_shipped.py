@@ -10,7 +10,7 @@ from safetensors import safe_open
 from torch import nn
 
 from llmedu.peft import shipped
-from llmedu.peft.inject import base_fingerprint
+from llmedu.peft.inject import base_fingerprint, load_adapter
 
 
 def record(name):
@@ -104,3 +104,23 @@ def test_bad_names_and_missing_files(tmp_path):
         shipped.load_shipped(nn.Linear(1, 1), folder=tmp_path)
     with pytest.raises(ValueError, match="as many labels"):
         shipped.accuracy(nn.Linear(1, 1), None, ["a", "b"], [1])
+
+
+def test_a_damaged_record_or_adapter_file_is_named(tmp_path):
+    """A record that is not UTF-8, cut short or without its checksum, and an adapter file cut short, are errors
+    that name the file and say what is wrong (not a bare UnicodeDecodeError, JSONDecodeError or KeyError)."""
+    path = copy_files(tmp_path)
+    record_path = tmp_path / f"{shipped.NAMES[0]}.json"
+    text = record_path.read_bytes()
+    record_path.write_bytes(text[:10] + b"\xe9" + text[10:])  # a Latin-1 byte in a UTF-8 file
+    with pytest.raises(ValueError, match=rf"{record_path.name} is not an adapter record: byte 10 is not UTF-8"):
+        shipped.load_shipped(nn.Linear(1, 1), folder=tmp_path)
+    record_path.write_bytes(text[: len(text) // 2])
+    with pytest.raises(ValueError, match=rf"{record_path.name} is not an adapter record: invalid JSON, cut short"):
+        shipped.load_shipped(nn.Linear(1, 1), folder=tmp_path)
+    record_path.write_text(json.dumps({k: v for k, v in json.loads(text).items() if k != "sha256"}))
+    with pytest.raises(ValueError, match=rf"{record_path.name} is not an adapter record: it has no sha256"):
+        shipped.load_shipped(nn.Linear(1, 1), folder=tmp_path)
+    path.write_bytes(path.read_bytes()[:-100])  # the adapter file itself, cut short, read directly
+    with pytest.raises(ValueError, match=rf"{path.name} is not a readable adapter file \(safetensors\)"):
+        load_adapter(nn.Linear(1, 1), path)

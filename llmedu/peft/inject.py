@@ -186,14 +186,17 @@ def load_adapter(model: nn.Module, path: str | Path, *, other_base: bool = False
     it was. An adapter trained on another base model (other weights of the same shape: the recorded
     ``base_fingerprint`` differs) is refused unless ``other_base=True`` says that is what you want.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no adapter file at {path}")
-    with safe_open(str(path), framework="pt") as f:  # the tensors and the metadata, in one read
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-        recorded = (f.metadata() or {}).get("llmedu.base")
+    try:
+        with safe_open(str(path), framework="pt") as f:  # the tensors and the metadata, in one read
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            recorded = (f.metadata() or {}).get("llmedu.base")
+    except SafetensorError as err:  # cut short, or not a safetensors file at all
+        raise ValueError(f"{path} is not a readable adapter file (safetensors): {err}") from None
     params = dict(model.named_parameters())
     wanted = set(adapter_state_dict(model))
     missing, unexpected = sorted(wanted - set(tensors)), sorted(set(tensors) - set(params))

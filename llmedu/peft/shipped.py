@@ -147,6 +147,20 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _read_record(path: Path) -> dict:
+    """The JSON record beside an adapter, or an error naming the file: not UTF-8, cut short, or lacking a key."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not an adapter record: byte {err.start} is not UTF-8 ({err.reason})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not an adapter record: invalid JSON, cut short or not JSON ({err})") from None
+    missing = [k for k in ("bytes", "sha256") if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise ValueError(f"{path} is not an adapter record: it has no {' or '.join(missing)} of the adapter file")
+    return record
+
+
 def load_shipped(model: nn.Module, name: str = NAMES[0], folder: str | Path | None = None) -> dict:
     """Load the shipped adapter ``name`` into ``model`` (made by ``lora_model``); return its JSON record.
 
@@ -159,7 +173,7 @@ def load_shipped(model: nn.Module, name: str = NAMES[0], folder: str | Path | No
     for p in (record_path, path):
         if not p.is_file():
             raise FileNotFoundError(f"no {p.name} in {folder}: the shipped adapters live in data/adapters/")
-    record = json.loads(record_path.read_text())
+    record = _read_record(record_path)
     size = path.stat().st_size
     if size != record["bytes"]:
         raise ValueError(f"{path.name} holds {size} bytes, its record says {record['bytes']}: the file was changed")
