@@ -58,3 +58,35 @@ def test_bad_layouts_are_clear_errors(capsys):
     with pytest.raises(SystemExit):
         main(["--steps", "0"])
     assert "--steps must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--layout", "3d", "--ranks", "2", "--tp", "4"], "--tp 4 x --pp 1 = 4 does not divide the world size 2"),
+        (["--layout", "3d", "--ranks", "4", "--tp", "2", "--batch", "7"], "--batch 7 does not split over 2"),
+        (
+            ["--layout", "3d", "--ranks", "2", "--tp", "1", "--pp", "2", "--layers", "3"],
+            "--pp 2 must divide --layers 3",
+        ),
+        (["--layout", "3d", "--ranks", "3", "--tp", "3"], "--tp 3 must divide the model's 4 heads"),
+        (["--layout", "zero2", "--ranks", "3"], "--batch 8 does not split evenly over 3 ranks"),
+        (["--layout", "ddp", "--tp", "2"], "--tp and --pp apply to the 3d layout only"),
+        (["--d-model", "30"], "--d-model 30 must be a multiple of the model's 4 heads"),
+        (["--batch", "0"], "--batch must be at least 1, got 0"),
+        (["--seq-len", "2000"], "--seq-len 2000 is longer than the model's 1024"),
+    ],
+)
+def test_a_bad_layout_is_one_line_before_any_process_starts(args, message, capsys, monkeypatch):
+    import llmedu.parallel.example as example
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("launch was called: the arguments must be checked before any process starts")
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(example, "launch", no_launch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err and "Traceback" not in err

@@ -33,7 +33,7 @@ from .launch import launch
 from .mesh import byte_batches, train_3d
 from .zero import ZeRO
 
-__all__ = ["LAYOUTS", "train", "main"]
+__all__ = ["LAYOUTS", "train", "layout_problem", "main"]
 
 LAYOUTS = ("ddp", "zero1", "zero2", "zero3", "3d")
 
@@ -89,6 +89,34 @@ def train(
     return losses
 
 
+def layout_problem(args: argparse.Namespace, world: int) -> str | None:
+    """What is wrong with this layout on ``world`` ranks, in one line (None if nothing): checked before launching."""
+    for name in ("batch", "seq_len", "d_model", "layers", "tp", "pp"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
+    heads, longest = 4, 1024  # the example's GPT (_config): 4 heads, positions up to 1024
+    if args.d_model % heads:
+        return f"--d-model {args.d_model} must be a multiple of the model's {heads} heads"
+    if args.seq_len > longest:
+        return f"--seq-len {args.seq_len} is longer than the model's {longest} learned positions"
+    if args.layout != "3d":
+        if (args.tp, args.pp) != (1, 1):
+            return f"--tp and --pp apply to the 3d layout only; --layout {args.layout} splits the batch alone"
+        if args.batch % world:
+            return f"--batch {args.batch} does not split evenly over {world} ranks: make it a multiple of {world}"
+        return None
+    if world % (args.tp * args.pp):
+        return f"--tp {args.tp} x --pp {args.pp} = {args.tp * args.pp} does not divide the world size {world}"
+    dp = world // (args.tp * args.pp)
+    if args.batch % dp:
+        return f"--batch {args.batch} does not split over {dp} data-parallel replicas (world {world} / tp x pp)"
+    if heads % args.tp:
+        return f"--tp {args.tp} must divide the model's {heads} heads"
+    if args.layers % args.pp:
+        return f"--pp {args.pp} must divide --layers {args.layers} (each stage holds as many layers)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmedu.parallel.example", description=__doc__.split("\n\n")[0])
     parser.add_argument("--layout", choices=LAYOUTS, default="ddp")
@@ -105,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.ranks < 1 or args.steps < 1:
         parser.error("--ranks and --steps must be at least 1")
+    world = int(os.environ.get("WORLD_SIZE", args.ranks))
+    problem = layout_problem(args, world)
+    if problem:  # before any process starts: one line, not a traceback from every rank
+        parser.error(problem)
     settings = dict(
         layout=args.layout,
         steps=args.steps,
@@ -116,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         tp=args.tp,
         pp=args.pp,
     )
-    world = int(os.environ.get("WORLD_SIZE", args.ranks))
     results = launch(train, world, timeout=args.timeout, **settings)
     if int(os.environ.get("RANK", 0)) == 0:
         print(json.dumps({"layout": args.layout, "world_size": world, "losses": [round(x, 5) for x in results[0]]}))
