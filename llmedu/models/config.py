@@ -9,6 +9,7 @@ The classmethods ``gpt2``, ``bert`` and ``llama`` give the settings of those fam
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 
 from ..nn.activations import ACTIVATIONS
@@ -19,6 +20,19 @@ __all__ = ["TransformerConfig", "MoEConfig", "POSITIONS", "NORMS", "BLOCKS"]
 POSITIONS = ("learned", "sinusoidal", "scaled_sinusoidal", "relative", "alibi", "rope", "none")
 NORMS = ("layernorm", "rmsnorm")
 BLOCKS = ("serial", "parallel")
+# sizes and counts: ints only (a bool is an int to Python, but never a size)
+_INT_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "d_ff",
+    "max_seq_len",
+    "relative_buckets",
+    "relative_max_distance",
+    "type_vocab_size",
+)
 
 
 @dataclass
@@ -87,6 +101,13 @@ class TransformerConfig:
     def __post_init__(self):
         if isinstance(self.moe, dict):  # from to_dict(), or a saved config
             self.moe = MoEConfig(**self.moe)
+        for name in _INT_FIELDS:  # before any arithmetic: d_model=128.0 would make float shapes further on
+            value = getattr(self, name)
+            if value is None and name in ("n_kv_heads", "d_ff"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}): give a whole number")
+            setattr(self, name, int(value))  # a NumPy integer becomes a plain int (JSON can write it)
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
         if self.n_kv_heads is None:
@@ -94,6 +115,8 @@ class TransformerConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be >= 0 (0: no segment embeddings), got {self.type_vocab_size}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:

@@ -25,7 +25,7 @@ from ..nn.activations import GATED
 from .bert import MaskedLM
 from .config import TransformerConfig
 from .gpt import CausalLM
-from .hf_names import full_table
+from .hf_names import full_table, layer_prefix
 from .transformer import Transformer
 
 __all__ = ["from_hf", "to_hf"]
@@ -202,6 +202,17 @@ def _check_heads_agree(hf_model: nn.Module, config: TransformerConfig) -> None:
                 )
 
 
+def _check_layers_held(theirs: dict, prefix: str, n_layers: int) -> None:
+    """The config's layer count must be the number of blocks the model holds: a model whose block list was
+    cut (or grown) after it was built would otherwise fail on a missing name, or lose its extra blocks."""
+    held = {name[len(prefix) :].split(".")[0] for name in theirs if name.startswith(prefix)}
+    if held != {str(i) for i in range(n_layers)}:
+        raise ValueError(
+            f"the model's config says {n_layers} layers but its weights hold {len(held)} blocks ({prefix}*): "
+            "set the config's layer count (num_hidden_layers, or n_layer for GPT-2) to the blocks the model holds"
+        )
+
+
 def from_hf(hf_model: nn.Module) -> nn.Module:
     """Our model with ``hf_model``'s weights: ``Transformer`` for a bare model, else ``CausalLM``/``MaskedLM``."""
     name = type(hf_model).__name__
@@ -212,6 +223,7 @@ def from_hf(hf_model: nn.Module) -> nn.Module:
     _check_heads_agree(hf_model, config)
     model = Transformer(config) if head == "bare" else (MaskedLM if family == "bert" else CausalLM)(config)
     theirs = hf_model.state_dict()
+    _check_layers_held(theirs, layer_prefix(family, head), config.n_layers)
     ours = {}
     for our_name, their_name, how in full_table(family, head, config.n_layers):
         w = theirs[their_name]

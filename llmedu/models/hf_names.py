@@ -8,9 +8,15 @@ table in both directions.
 
 from __future__ import annotations
 
-__all__ = ["full_table"]
+__all__ = ["full_table", "layer_prefix"]
 
 _HF_PREFIX = {"bert": "bert.", "gpt2": "transformer.", "llama": "model."}  # base model inside the LM
+_LAYERS = {"bert": "encoder.layer", "gpt2": "h", "llama": "layers"}  # the list of blocks, in the bare model
+
+
+def layer_prefix(family: str, head: str) -> str:
+    """Their name of the list of blocks, as a state-dict prefix: ``bert.encoder.layer.`` holds ``0.``, ``1.``, ..."""
+    return (_HF_PREFIX[family] if head != "bare" else "") + _LAYERS[family] + "."
 
 
 def _name_table(family: str, n_layers: int) -> list[tuple[str, str, str]]:
@@ -62,7 +68,7 @@ def _name_table(family: str, n_layers: int) -> list[tuple[str, str, str]]:
             ("mlp_norm", "post_attention_layernorm"),
         ],
     }[family]
-    layer_prefix = {"bert": "encoder.layer", "gpt2": "h", "llama": "layers"}[family]
+    layer_prefix = _LAYERS[family]
     params = ["weight"] if family == "llama" else ["weight", "bias"]
     for i in range(n_layers):
         for ours, theirs in per_layer:

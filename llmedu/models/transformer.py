@@ -182,12 +182,24 @@ class Transformer(nn.Module):
         else:
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != c.d_model:
                 raise ValueError(f"inputs_embeds must be (batch, seq, {c.d_model}), got {tuple(inputs_embeds.shape)}")
+            own = self.tok_embed.weight.dtype
+            if inputs_embeds.dtype != own and not torch.is_autocast_enabled(inputs_embeds.device.type):
+                raise TypeError(  # else the first matmul fails deep inside a block, or the model silently runs wider
+                    f"inputs_embeds are {inputs_embeds.dtype} but the model's weights are {own}: "
+                    f"pass inputs_embeds.to({own}), or run under torch.autocast"
+                )
             x = inputs_embeds
         B, T = x.shape[:2]
         if self.type_embed is not None:
             types = (
                 token_type_ids if token_type_ids is not None else torch.zeros(B, T, dtype=torch.long, device=x.device)
             )
+            low, high = (types.min().item(), types.max().item()) if types.numel() else (0, 0)
+            if low < 0 or high >= c.type_vocab_size:  # a lookup would fail with an index error (a CUDA assert)
+                raise ValueError(
+                    f"token_type_ids holds {low if low < 0 else high}, outside the {c.type_vocab_size} segment types "
+                    f"(ids 0..{c.type_vocab_size - 1})"
+                )
             x = x + self.type_embed(types)
         if self.pos_embed is not None:
             positions = torch.arange(first_position, first_position + T, device=x.device)  # (T,)
