@@ -1,9 +1,8 @@
 """Graders for lessons 02-05 (the transformer's parts): each runs a learner's function on a few cases
-and compares it with ``llmedu.nn`` / ``llmedu.models``.
+and compares it with ``llmedu.nn`` / ``llmedu.models``. Lesson 02's position-encoding graders
+(``check_sinusoidal``, ``check_alibi_slopes``, ``check_rope`` and the three below) are written in
+``llmedu.checks.positions`` and importable from here as well.
 
-    check_sinusoidal(fn)        fn(positions (T,), d_model) -> (T, d_model) table
-    check_alibi_slopes(fn)      fn(n_heads) -> (n_heads,) slopes
-    check_rope(fn)              fn(x (B, H, T, D), positions (T,), base) -> x rotated ("rotate half" layout)
     check_layernorm(fn)         fn(x, weight, bias, eps) -> normalised x
     check_rmsnorm(fn)           fn(x, weight, eps) -> normalised x
     check_swiglu(fn)            fn(x, w_gate, w_up, w_down) -> FFN output; weights are (out, in) like nn.Linear
@@ -12,10 +11,8 @@ and compares it with ``llmedu.nn`` / ``llmedu.models``.
     check_kv_cache_bytes(fn)    fn(n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_value) -> int
     check_flops_per_token(fn)   fn(n_params, n_layers, seq_len, d_model) -> training FLOPs per token
 
-Lesson 02: understanding, not retyping the code shown:
-    check_sinusoid_wavelength(fn)   fn(i, d_model, base) -> wavelength, in positions, of channel pair i
-    check_rope_relative(fn)         fn(q (D,), k (D,), offset, base) -> RoPE score of q at p and k at p - offset
-    check_rope_interpolation(fn)    fn(positions (T,), head_dim, train_len, target_len) -> (cos, sin) of PI
+Lesson 02 (understanding, not retyping the code shown): check_sinusoid_wavelength, check_rope_relative,
+check_rope_interpolation, in ``positions``.
 Lesson 03:
     check_glu_width(fn)             fn(d_ff) -> SwiGLU hidden width with a plain FFN's parameters
     check_fixed_layernorm(fn)       fn(x (B, T, d), weight, bias, eps) -> LayerNorm(x): the lesson's buggy one fixed
@@ -38,8 +35,15 @@ import torch.nn.functional as F
 
 from ..nn.attention import causal_mask, kv_cache_bytes, math_attention
 from ..nn.norms import LayerNorm, RMSNorm
-from ..nn.positions import alibi_slopes, apply_rope, rope_cos_sin, sinusoidal_table
 from .core import CheckResult, Grader
+from .positions import (  # lesson 02's graders, in a module of their own
+    check_alibi_slopes,
+    check_rope,
+    check_rope_interpolation,
+    check_rope_relative,
+    check_sinusoid_wavelength,
+    check_sinusoidal,
+)
 
 __all__ = [
     "check_sinusoidal",
@@ -70,36 +74,6 @@ TOL = 1e-5
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def check_sinusoidal(fn) -> CheckResult:
-    g = Grader("check_sinusoidal")
-    for T, d in ((4, 2), (7, 8), (50, 64)):
-        pos = torch.arange(T)
-        g.compare(f"{T} positions, d_model={d}", g.call(fn, pos, d), sinusoidal_table(pos, d), atol=TOL)
-    return g.result()
-
-
-def check_alibi_slopes(fn) -> CheckResult:
-    g = Grader("check_alibi_slopes")
-    for n in (1, 4, 8, 12, 6):  # powers of two first, then the interleaved rule
-        g.compare(f"{n} heads", g.call(fn, n), alibi_slopes(n), atol=1e-7)
-    return g.result()
-
-
-def check_rope(fn) -> CheckResult:
-    g = Grader("check_rope")
-    for (B, H, T, D), start, base in (
-        ((1, 1, 3, 2), 0, 10000.0),
-        ((2, 3, 5, 8), 7, 10000.0),
-        ((1, 2, 9, 16), 0, 500.0),
-    ):
-        x = torch.randn(B, H, T, D, generator=_gen(T))
-        pos = torch.arange(start, start + T)
-        cos, sin = rope_cos_sin(pos, D, base)
-        case = f"x of shape {(B, H, T, D)}, positions from {start}, base {base}"
-        g.compare(case, g.call(fn, x, pos, base), apply_rope(x, cos, sin), atol=TOL)
-    return g.result()
 
 
 def check_layernorm(fn) -> CheckResult:
@@ -176,48 +150,6 @@ def check_flops_per_token(fn) -> CheckResult:
     for n, layers, T, d in ((1_000, 2, 16, 8), (85_000_000, 12, 1024, 768), (175e9, 96, 2048, 12288)):
         expected = float(6 * n + 12 * layers * T * d)
         g.compare(f"N={n:g}, {layers} layers, T={T}, d={d}", g.call(fn, n, layers, T, d), expected, rtol=1e-9)
-    return g.result()
-
-
-# -- lesson 02 ---------------------------------------------------------------------------------------
-def check_sinusoid_wavelength(fn) -> CheckResult:
-    """Channels 2i and 2i+1 of the table repeat every 2*pi*base^(2i/d) positions."""
-    g = Grader("check_sinusoid_wavelength")
-    for i, d, base in ((0, 64, 10000.0), (1, 64, 10000.0), (16, 64, 10000.0), (31, 64, 10000.0), (3, 8, 100.0)):
-        expected = 2 * math.pi * base ** (2 * i / d)
-        got = g.call(fn, i, d, base)
-        if isinstance(got, (int, float)) and math.isclose(got, expected / (2 * math.pi), rel_tol=1e-6):
-            g.expect(f"pair {i}, d_model={d}", False, "that is 1 / frequency: a full period of sin is 2*pi radians")
-        g.compare(f"channel pair {i}, d_model={d}, base={base}", got, expected, rtol=1e-6)  # float64 formula
-    return g.result()
-
-
-def _rope_at(x: torch.Tensor, position: int, base: float) -> torch.Tensor:  # (D,) rotated to `position`
-    cos, sin = rope_cos_sin(torch.tensor([position]), x.shape[-1], base)
-    return apply_rope(x[None, None, None], cos, sin)[0, 0, 0]
-
-
-def check_rope_relative(fn) -> CheckResult:
-    """``fn(q, k, offset, base)``: the score of q at any p with k at p - offset, computed from the offset only."""
-    g = Grader("check_rope_relative")
-    for D, offset, base in ((4, 3, 10000.0), (16, 1, 10000.0), (16, 40, 100.0), (32, -5, 10000.0)):
-        q, k = torch.randn(D, generator=_gen(D)), torch.randn(D, generator=_gen(D + 1))
-        got = g.call(fn, q.clone(), k.clone(), offset, base)
-        for p in (abs(offset), abs(offset) + 97):  # the same answer must hold wherever the pair sits
-            expected = (_rope_at(q, p, base) * _rope_at(k, p - offset, base)).sum()
-            # fp32 sums of D products of O(1) values: ~1e-6; 1e-4 relative leaves room for another order
-            g.compare(f"D={D}, offset={offset}, base={base}, query at {p}", got, expected.item(), rtol=1e-4, atol=1e-4)
-    return g.result()
-
-
-def check_rope_interpolation(fn) -> CheckResult:
-    """Position interpolation (Chen et al. 2023): positions squeezed by train_len / target_len, base unchanged."""
-    g = Grader("check_rope_interpolation")
-    for T, D, train_len, target_len in ((8, 4, 4, 8), (64, 16, 16, 64), (10, 8, 128, 128)):
-        pos = torch.arange(T)
-        expected = rope_cos_sin(pos.float() * (train_len / target_len), D)
-        case = f"{T} positions, head_dim={D}, trained at {train_len}, used at {target_len}"
-        g.compare(case, g.call(fn, pos, D, train_len, target_len), expected, atol=TOL)
     return g.result()
 
 
