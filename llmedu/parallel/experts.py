@@ -49,6 +49,7 @@ from torch import nn
 
 from ..nn.moe import MoE, MoEStats, run_experts
 from .p2p import _exchange, count_sent
+from .replicas import check_replicas_agree
 
 __all__ = ["ExpertParallelMoE", "ExpertParallelStats", "all_to_all", "all_to_all_bytes", "all_reduce_replicated_grads"]
 
@@ -128,7 +129,7 @@ def all_to_all(
 class ExpertParallelMoE(nn.Module):
     """This rank's share of ``moe``'s experts and a replica of its router: (B, T, d) -> (B, T, d), stats.
 
-    Every rank builds the same full ``MoE`` (same seed) and keeps only its experts, as
+    Every rank builds the same full ``MoE`` (same seed; checked, ``replicas.py``) and keeps only its experts, as
     ``ParallelMLP`` keeps its shards; the parameter names of the kept ones change (``experts.0`` is
     global expert ``first_expert``).
     """
@@ -143,6 +144,7 @@ class ExpertParallelMoE(nn.Module):
                 f"expert parallelism: {moe.n_experts} experts do not split evenly over {n} ranks; "
                 f"use a multiple of {n} experts"
             )
+        check_replicas_agree({"": moe}, group, "ExpertParallelMoE")  # a router or expert from another seed
         self.group, self.world_size, self.d_model, self.impl = group, n, moe.d_model, impl
         self.n_experts, self.n_local = moe.n_experts, moe.n_experts // n
         self.first_expert = rank * self.n_local

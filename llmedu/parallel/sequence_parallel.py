@@ -56,6 +56,7 @@ from torch import nn
 from ..nn.activations import FeedForward
 from ..nn.norms import LayerNorm
 from .compat import all_gather_single, reduce_scatter_single
+from .replicas import check_replicas_agree
 from .tensor_parallel import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 __all__ = [
@@ -191,12 +192,13 @@ class SequenceParallelMLPBlock(nn.Module):
     """x + dropout(MLP(norm(x))) on this rank's tokens x (B, T/N, d), built from a plain block's parts.
 
     ``norm`` (any token-wise norm) is copied whole; the MLP's weights are split as in
-    ``ParallelMLP``. Parameter names follow the FeedForward (``gate_proj``, ``up_proj``, ``down_proj``);
+    ``ParallelMLP``. Every rank must pass the same weights: it is checked (``replicas.py``). Parameter names follow the FeedForward (``gate_proj``, ``up_proj``, ``down_proj``);
     the norm is ``norm``. A gated MLP all-gathers its input twice, once per input projection.
     """
 
     def __init__(self, norm: nn.Module, mlp: FeedForward, dropout: float = 0.0, group=None, store_shard=True):
         super().__init__()
+        check_replicas_agree({"norm": norm, "mlp": mlp}, group, "SequenceParallelMLPBlock")  # as DDP does
         self.group, self.act = group, mlp.act
         self.norm = copy.deepcopy(norm)
         for p in self.norm.parameters():

@@ -40,6 +40,7 @@ from torch import nn
 from ..nn.attention import Attention, get_attention
 from ..nn.blocks import SerialBlock
 from ..nn.positions import apply_rope
+from .replicas import check_replicas_agree
 from .sequence_parallel import (
     SequenceParallelMLPBlock,
     SequenceParallelRowLinear,
@@ -99,6 +100,7 @@ class SequenceParallelAttentionBlock(nn.Module):
         super().__init__()
         n = dist.get_world_size(group)
         check_tp_size(n, n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads)
+        check_replicas_agree({"norm": norm, "attn": attn}, group, "SequenceParallelAttentionBlock")
         self.group, self.store_shard, self.impl = group, store_shard, attn.impl
         self.n_heads, self.n_kv_heads, self.head_dim = attn.n_heads // n, attn.n_kv_heads // n, attn.head_dim
         self.norm = copy.deepcopy(norm)
