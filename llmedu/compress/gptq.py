@@ -92,6 +92,17 @@ def rtn_quantize(weight: torch.Tensor, bits: int = 4, symmetric: bool = False) -
     return _dequantize(*rtn_codes(weight, bits, symmetric)).float()
 
 
+def _check_finite(t: torch.Tensor, what: str) -> None:
+    """NaN or inf in H (or W) fails deep inside the Cholesky factorisation with no word of where it came from."""
+    bad = ~torch.isfinite(t.detach()).all(dim=-1)  # (rows,)
+    if bad.any():
+        first = int(bad.nonzero()[0])
+        raise ValueError(
+            f"{what} has NaN or inf in {int(bad.sum())} of its {len(bad)} rows (the first is row {first}): "
+            "GPTQ needs finite values; find where they came from (an overflowing fp16 forward?) or drop those rows"
+        )
+
+
 def gptq_codes(
     weight: torch.Tensor,
     x: torch.Tensor,
@@ -108,6 +119,8 @@ def gptq_codes(
         )
     if not 0 <= damp < 1:
         raise ValueError(f"damp is a fraction of mean(diag H) in [0, 1), got {damp}")
+    _check_finite(weight, "the weight (d_out, d_in)")
+    _check_finite(x.reshape(-1, x.shape[-1]), "the calibration inputs x, as (N, d_in) rows,")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int (columns per lazy batch), got {block_size!r}")
     W = weight.detach().double().clone()  # (d_out, d_in), float64 for the updates

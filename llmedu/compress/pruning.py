@@ -207,22 +207,37 @@ def _keep_rows(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
 @torch.no_grad()
 def remove_heads(model: nn.Module, keep: torch.Tensor) -> None:
     """Cut the heads whose ``keep`` (L, H) is False out of each layer, in place: the query, key and
-    value matrices lose those output rows and the output projection those input columns."""
+    value matrices lose those output rows and the output projection those input columns.
+
+    ``keep`` always numbers the heads as the model was built (H = ``config.num_attention_heads``), so a
+    second call removes its heads from what the first left: two calls equal one with the union removed.
+    Each layer records the original numbers of the heads it still has (``attention.self.kept_heads``)."""
     layers = model.bert.encoder.layer
     n_heads = model.config.num_attention_heads
     if keep.shape != (len(layers), n_heads):
         raise ValueError(f"keep must be (layers, heads) = {(len(layers), n_heads)}, got {tuple(keep.shape)}")
-    if not keep.any(dim=1).all():
-        raise ValueError(
-            f"every layer must keep at least one head; layers {(~keep.any(1)).nonzero().flatten().tolist()} keep none"
-        )
     head_dim = model.config.hidden_size // n_heads
-    for layer, keep_heads in zip(layers, keep):
+    plans = []  # (layer, the original numbers of the heads it has now, those it keeps)
+    for i, (layer, keep_heads) in enumerate(zip(layers, keep.tolist())):
+        present = getattr(layer.attention.self, "kept_heads", None)
+        if present is None:  # never cut here: every head is present
+            n_now = layer.attention.self.query.out_features // head_dim
+            if n_now != n_heads:
+                raise ValueError(
+                    f"layer {i} has {n_now} of {n_heads} heads but no record of which (cut by other code): "
+                    "remove heads from the original model in one call, or with remove_heads only"
+                )
+            present = list(range(n_heads))
+        plans.append((layer, present, [h for h in present if keep_heads[h]]))
+    empty = [i for i, (_, _, kept) in enumerate(plans) if not kept]
+    if empty:  # checked for every layer before any is cut
+        raise ValueError(f"every layer must keep at least one head; layers {empty} keep none")
+    for layer, present, kept in plans:
+        if len(kept) == len(present):
+            continue  # nothing removed here
+        places = torch.tensor([present.index(h) for h in kept])  # where the kept heads sit in today's matrices
+        rows = (places[:, None] * head_dim + torch.arange(head_dim)).flatten()  # (kept * D,)
         attn = layer.attention
-        heads = keep_heads.nonzero().flatten()  # the heads this layer keeps
-        if len(heads) == attn.self.query.out_features // head_dim:
-            continue  # nothing removed here (or already removed)
-        rows = (heads[:, None] * head_dim + torch.arange(head_dim)).flatten()  # (kept * D,)
         for name in ("query", "key", "value"):
             setattr(attn.self, name, _keep_rows(getattr(attn.self, name), rows))
         dense = attn.output.dense
@@ -230,5 +245,6 @@ def remove_heads(model: nn.Module, keep: torch.Tensor) -> None:
         new.weight.copy_(dense.weight[:, rows])
         new.bias.copy_(dense.bias)
         attn.output.dense = new
-        attn.self.num_attention_heads = len(heads)  # the forward infers the count; kept for readers
+        attn.self.kept_heads = kept  # original head numbers, for the next call
+        attn.self.num_attention_heads = len(kept)  # the forward infers the count; kept for readers
         attn.self.all_head_size = len(rows)
