@@ -43,107 +43,11 @@ __all__ = ["flash_attention", "FlashAttentionFunction", "DEFAULT_BLOCK_SIZE"]
 DEFAULT_BLOCK_SIZE = 128  # rows/columns per tile; 64-128 in the CUDA kernels (SRAM-bound there)
 
 
-def flash_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    attn_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Exact attention, computed tile by tile in O(T) memory.
-
-    Args:
-        q: (B, H, Tq, D) queries.
-        k, v: (B, H_kv, Tk, D) keys and values; H_kv divides H (GQA/MQA).
-        causal: query i sees keys j <= i + (Tk - Tq) (bottom-right aligned; needs Tq <= Tk).
-        block_size: queries and keys per tile.
-        attn_mask: None, or a tensor broadcastable to (B, H, Tq, Tk): bool (True = may attend)
-            or float (added to the scores). A key padding mask is (B, 1, 1, Tk).
-    Returns:
-        (B, H, Tq, D). A query that may see no key at all gets zeros.
-    """
-    _check_inputs(q, k, v, causal, block_size, attn_mask)
-    return FlashAttentionFunction.apply(q, k, v, causal, block_size, attn_mask)
-
-
-def _check_inputs(q, k, v, causal, block_size, attn_mask) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(
-                f"{name} must be a 4-D tensor (batch, heads, tokens, head_dim), got {getattr(t, 'shape', t)}"
-            )
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"batch sizes differ: q has {q.shape[0]}, k and v have {k.shape[0]}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"head dims differ: q has D={q.shape[-1]}, k and v have D={k.shape[-1]}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{k.shape[1]} key/value heads do not divide {q.shape[1]} query heads")
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise TypeError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]}): causal attention needs Tq <= Tk")
-    if attn_mask is not None:
-        full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        try:
-            if torch.broadcast_shapes(attn_mask.shape, full) != full:
-                raise RuntimeError
-        except RuntimeError:
-            raise ValueError(
-                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, Tq, Tk) = {full}"
-            ) from None
-        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-            raise TypeError(f"attn_mask must be bool (True = attend) or float (added to scores), got {attn_mask.dtype}")
-        if attn_mask.requires_grad:
-            raise ValueError("flash_attention does not compute gradients for attn_mask; pass attn_mask.detach()")
-
-
-def _tiles(n: int, size: int) -> list[tuple[int, int]]:
-    """[(start, end), ...] covering range(n); the last tile is shorter when size does not divide n."""
-    return [(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def _tile_bias(
-    mask, causal: bool, q0: int, q1: int, k0: int, k1: int, offset: int, wide: torch.dtype, device
-) -> torch.Tensor | None:
-    """The additive bias of one (Bq, Bk) tile: 0 where a query may attend, -inf where not (or None).
-
-    ``mask`` is the user's mask viewed as (B, H_kv, G, Tq, Tk) (broadcast, never copied).
-    """
-    bias = None
-    if mask is not None:
-        tile = mask[..., q0:q1, k0:k1]
-        bias = (
-            torch.zeros(tile.shape, dtype=wide, device=device).masked_fill(~tile, -math.inf)
-            if tile.dtype == torch.bool
-            else tile.to(wide)
-        )
-    if causal and k1 - 1 > q0 + offset:  # some key of this tile is in the future of some query
-        rows = torch.arange(q0, q1, device=device)[:, None]  # (Bq, 1)
-        cols = torch.arange(k0, k1, device=device)[None, :]  # (1, Bk)
-        future = torch.zeros(q1 - q0, k1 - k0, dtype=wide, device=device).masked_fill(cols > rows + offset, -math.inf)
-        bias = future if bias is None else bias + future
-    return bias
-
-
-def _rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` rounded to ``dtype`` (the precision of the kernel's matmul inputs), kept in its wide dtype."""
-    return x.to(dtype).to(x.dtype)
-
-
-def _skipped(causal: bool, q1: int, k0: int, offset: int) -> bool:
-    """True when every key of the tile is in the future of every query: the tile is never computed."""
-    return causal and k0 > (q1 - 1) + offset
-
-
 class FlashAttentionFunction(torch.autograd.Function):
-    """Forward: Algorithm 1 of FlashAttention-2. Backward: Algorithm 2, recomputing P tile by tile."""
+    """Forward: Algorithm 1 of FlashAttention-2. Backward: Algorithm 2, recomputing P tile by tile.
+
+    Called through ``flash_attention`` (below), which checks the inputs first; the tile helpers follow it.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, causal, block_size, attn_mask):
@@ -226,3 +130,104 @@ class FlashAttentionFunction(torch.autograd.Function):
             dk[:, :, k0:k1], dv[:, :, k0:k1] = dk_j, dv_j
 
         return dq.view(B, H, Tq, D).to(q.dtype), dk, dv, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Exact attention, computed tile by tile in O(T) memory.
+
+    Args:
+        q: (B, H, Tq, D) queries.
+        k, v: (B, H_kv, Tk, D) keys and values; H_kv divides H (GQA/MQA).
+        causal: query i sees keys j <= i + (Tk - Tq) (bottom-right aligned; needs Tq <= Tk).
+        block_size: queries and keys per tile.
+        attn_mask: None, or a tensor broadcastable to (B, H, Tq, Tk): bool (True = may attend)
+            or float (added to the scores). A key padding mask is (B, 1, 1, Tk).
+    Returns:
+        (B, H, Tq, D). A query that may see no key at all gets zeros.
+    """
+    _check_inputs(q, k, v, causal, block_size, attn_mask)
+    return FlashAttentionFunction.apply(q, k, v, causal, block_size, attn_mask)
+
+
+# -- the tiles ----------------------------------------------------------------------------------------
+def _tiles(n: int, size: int) -> list[tuple[int, int]]:
+    """[(start, end), ...] covering range(n); the last tile is shorter when size does not divide n."""
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def _tile_bias(
+    mask, causal: bool, q0: int, q1: int, k0: int, k1: int, offset: int, wide: torch.dtype, device
+) -> torch.Tensor | None:
+    """The additive bias of one (Bq, Bk) tile: 0 where a query may attend, -inf where not (or None).
+
+    ``mask`` is the user's mask viewed as (B, H_kv, G, Tq, Tk) (broadcast, never copied).
+    """
+    bias = None
+    if mask is not None:
+        tile = mask[..., q0:q1, k0:k1]
+        bias = (
+            torch.zeros(tile.shape, dtype=wide, device=device).masked_fill(~tile, -math.inf)
+            if tile.dtype == torch.bool
+            else tile.to(wide)
+        )
+    if causal and k1 - 1 > q0 + offset:  # some key of this tile is in the future of some query
+        rows = torch.arange(q0, q1, device=device)[:, None]  # (Bq, 1)
+        cols = torch.arange(k0, k1, device=device)[None, :]  # (1, Bk)
+        future = torch.zeros(q1 - q0, k1 - k0, dtype=wide, device=device).masked_fill(cols > rows + offset, -math.inf)
+        bias = future if bias is None else bias + future
+    return bias
+
+
+def _rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded to ``dtype`` (the precision of the kernel's matmul inputs), kept in its wide dtype."""
+    return x.to(dtype).to(x.dtype)
+
+
+def _skipped(causal: bool, q1: int, k0: int, offset: int) -> bool:
+    """True when every key of the tile is in the future of every query: the tile is never computed."""
+    return causal and k0 > (q1 - 1) + offset
+
+
+# -- the inputs, checked before any tile is computed ------------------------------------------------
+def _check_inputs(q, k, v, causal, block_size, attn_mask) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(
+                f"{name} must be a 4-D tensor (batch, heads, tokens, head_dim), got {getattr(t, 'shape', t)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"batch sizes differ: q has {q.shape[0]}, k and v have {k.shape[0]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"head dims differ: q has D={q.shape[-1]}, k and v have D={k.shape[-1]}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{k.shape[1]} key/value heads do not divide {q.shape[1]} query heads")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise TypeError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]}): causal attention needs Tq <= Tk")
+    if attn_mask is not None:
+        full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        try:
+            if torch.broadcast_shapes(attn_mask.shape, full) != full:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, Tq, Tk) = {full}"
+            ) from None
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise TypeError(f"attn_mask must be bool (True = attend) or float (added to scores), got {attn_mask.dtype}")
+        if attn_mask.requires_grad:
+            raise ValueError("flash_attention does not compute gradients for attn_mask; pass attn_mask.detach()")

@@ -11,7 +11,8 @@
   a padding mask (nobody looks at padding), and position biases (ALiBi, T5). Masked scores are
   set to the most negative finite float, not -inf, so that a fully masked row gives no NaN.
 
-The attention *function* is pluggable. Every implementation has the signature
+``math_attention`` below is the equation, step by step. Every attention *function* of the course
+(it, PyTorch's fused ``sdpa_attention``, lesson 15's flash attention) has the signature
 
     fn(q, k, v, causal: bool, attn_mask) -> out
         q (B, H, Tq, D); k, v (B, H_kv, Tk, D); out (B, H, Tq, D)
@@ -19,13 +20,11 @@ The attention *function* is pluggable. Every implementation has the signature
         causal: query i sees keys j <= i + (Tk - Tq) (aligned bottom-right, so that the last query
                 of a decoding step sees the whole cache)
 
-and is registered by name: "math" (written out) and "sdpa" (PyTorch's fused
-``scaled_dot_product_attention``) are here; another one is one decorator away::
+and the ``Attention`` module calls the one it is told by name; the names are registered at the end
+of this file ("math", "sdpa"; ``import llmedu.kernels`` adds "flash"), and another is one call away::
 
-    @register_attention("flash")
-    def flash_attention(q, k, v, causal, attn_mask): ...
-
-    set_attention(model, "flash")     # or TransformerConfig(attn_impl="flash") before building
+    register_attention("mine", my_attention)
+    set_attention(model, "mine")     # or TransformerConfig(attn_impl="mine") before building
 
 The KV cache that decoding passes in as ``cache=`` is in ``kv_cache.py``: anything with the members of
 ``KVCacheLike`` will do: the contiguous ``KVCache``, a batch of lesson 16's paged cache, lesson 17's
@@ -46,41 +45,34 @@ from .kv_cache import KVCacheLike
 from .positions import apply_rope
 
 __all__ = [
+    "math_attention",
+    "repeat_kv",
+    "causal_mask",
+    "padding_bias",
+    "sdpa_attention",
+    "Attention",
+    "kv_cache_bytes",
     "AttentionFn",
     "ATTENTION_FUNCTIONS",
     "register_attention",
     "get_attention",
-    "repeat_kv",
-    "causal_mask",
-    "padding_bias",
-    "math_attention",
-    "sdpa_attention",
-    "kv_cache_bytes",
-    "Attention",
     "set_attention",
 ]
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, "torch.Tensor | None"], torch.Tensor]
-ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {}
 
-
-def register_attention(name: str, fn: AttentionFn | None = None, *, overwrite: bool = False):
-    """Register ``fn`` under ``name``; usable as ``register_attention("x", fn)`` or as a decorator."""
-
-    def add(f: AttentionFn) -> AttentionFn:
-        if name in ATTENTION_FUNCTIONS and not overwrite:
-            raise ValueError(f"an attention function {name!r} is already registered (pass overwrite=True)")
-        ATTENTION_FUNCTIONS[name] = f
-        return f
-
-    return add if fn is None else add(fn)
-
-
-def get_attention(name: str) -> AttentionFn:
-    if name not in ATTENTION_FUNCTIONS:
-        hint = " ('flash' is registered by `import llmedu.kernels`)" if name == "flash" else ""
-        raise KeyError(f"no attention function {name!r}; registered: {sorted(ATTENTION_FUNCTIONS)}{hint}")
-    return ATTENTION_FUNCTIONS[name]
+# -- the equation, written out ------------------------------------------------------------------------
+def math_attention(q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """The equation, step by step. Materialises the (B, H, Tq, Tk) score matrix."""
+    n_heads, t_q, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    k, v = repeat_kv(k, n_heads), repeat_kv(v, n_heads)  # (B, H, Tk, D)
+    scores = (q @ k.transpose(-2, -1)) * head_dim**-0.5  # (B, H, Tq, Tk)
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    if causal:
+        allowed = causal_mask(t_q, k.shape[2], q.device)  # (Tq, Tk)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = scores.float().softmax(dim=-1).to(q.dtype)  # (B, H, Tq, Tk), rows sum to one
+    return probs @ v  # (B, H, Tq, D)
 
 
 # -- masks ---------------------------------------------------------------------------------------------
@@ -109,23 +101,7 @@ def repeat_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return x if n_kv == n_heads else x.repeat_interleave(n_heads // n_kv, dim=1)
 
 
-# -- two implementations of the same function ------------------------------------------------------------
-@register_attention("math")
-def math_attention(q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
-    """The equation, step by step. Materialises the (B, H, Tq, Tk) score matrix."""
-    n_heads, t_q, head_dim = q.shape[1], q.shape[2], q.shape[3]
-    k, v = repeat_kv(k, n_heads), repeat_kv(v, n_heads)  # (B, H, Tk, D)
-    scores = (q @ k.transpose(-2, -1)) * head_dim**-0.5  # (B, H, Tq, Tk)
-    if attn_mask is not None:
-        scores = scores + attn_mask
-    if causal:
-        allowed = causal_mask(t_q, k.shape[2], q.device)  # (Tq, Tk)
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = scores.float().softmax(dim=-1).to(q.dtype)  # (B, H, Tq, Tk), rows sum to one
-    return probs @ v  # (B, H, Tq, D)
-
-
-@register_attention("sdpa")
+# -- PyTorch's fused kernel: the same function -----------------------------------------------------
 def sdpa_attention(q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> torch.Tensor:
     """PyTorch's fused attention (flash / memory-efficient kernels where the device has them)."""
     n_heads, t_q, t_k = q.shape[1], q.shape[2], k.shape[2]
@@ -143,14 +119,6 @@ def sdpa_attention(q, k, v, causal: bool, attn_mask: torch.Tensor | None) -> tor
     if attn_mask is not None:  # SDPA wants the mask in q's dtype; fp16 cannot hold fp32's most negative float
         attn_mask = attn_mask.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **gqa)
-
-
-# -- the size of a KV cache (the cache itself is in kv_cache.py) -----------------------------------------
-def kv_cache_bytes(
-    n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1, bytes_per_value: int = 4
-) -> int:
-    """The formula: keys and values (2) for every layer, KV head, channel, token and sequence."""
-    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value
 
 
 # -- the module ------------------------------------------------------------------------------------------
@@ -198,9 +166,45 @@ class Attention(nn.Module):
         return self.o_proj(out)  # (B, T, d)
 
 
+# -- the size of a KV cache (the cache itself is in kv_cache.py) -----------------------------------------
+def kv_cache_bytes(
+    n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1, bytes_per_value: int = 4
+) -> int:
+    """The formula: keys and values (2) for every layer, KV head, channel, token and sequence."""
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value
+
+
+# -- choosing the attention function by name --------------------------------------------------------
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, "torch.Tensor | None"], torch.Tensor]
+ATTENTION_FUNCTIONS: dict[str, AttentionFn] = {}
+
+
+def register_attention(name: str, fn: AttentionFn | None = None, *, overwrite: bool = False):
+    """Register ``fn`` under ``name``; usable as ``register_attention("x", fn)`` or as a decorator."""
+
+    def add(f: AttentionFn) -> AttentionFn:
+        if name in ATTENTION_FUNCTIONS and not overwrite:
+            raise ValueError(f"an attention function {name!r} is already registered (pass overwrite=True)")
+        ATTENTION_FUNCTIONS[name] = f
+        return f
+
+    return add if fn is None else add(fn)
+
+
+def get_attention(name: str) -> AttentionFn:
+    if name not in ATTENTION_FUNCTIONS:
+        hint = " ('flash' is registered by `import llmedu.kernels`)" if name == "flash" else ""
+        raise KeyError(f"no attention function {name!r}; registered: {sorted(ATTENTION_FUNCTIONS)}{hint}")
+    return ATTENTION_FUNCTIONS[name]
+
+
 def set_attention(model: nn.Module, name: str) -> None:
     """Switch every ``Attention`` inside ``model`` to the registered function ``name``."""
     get_attention(name)  # an unknown name fails here, not at the next forward
     for module in model.modules():
         if isinstance(module, Attention):
             module.impl = name
+
+
+register_attention("math", math_attention)
+register_attention("sdpa", sdpa_attention)
