@@ -10,9 +10,9 @@ gradients over the DP group of a 3D mesh, ``train.recompute`` for full recomputa
 a warm-up step, one step under ``MemoryTracker`` (the peak of the busiest rank), then ``--steps`` timed
 steps (a step's time is its slowest rank's; the median is reported, the minimum beside it).
 
-The prediction is ``planner.evaluate`` on ``local_cluster``: one thread's fp32 matmul FLOP/s and gloo's
-alpha-beta, measured in this run (``llmedu.parallel.local_cluster``), and for each world size how the ranks
-share the CPU (``llmedu.parallel.shared_cores``: the speed a rank keeps while all compute, timed on the
+The prediction is ``llmedu.planner.evaluate`` on ``local_cluster``: one thread's fp32 matmul FLOP/s and gloo's
+alpha-beta, measured in this run (``llmedu.planner.probes``), and for each world size how the ranks
+share the CPU (``llmedu.planner.shared_cores``: the speed a rank keeps while all compute, timed on the
 model's step, reported with the probe's raw reading and noise, and what a blocking message waits beyond
 alpha-beta), no overlap of communication with
 compute, and ONE calibration: the efficiency of the model's step
@@ -20,8 +20,8 @@ relative to the matmul probe, from the one-process layout (the first). Every oth
 model adds: division of the work, collectives, bubble, shared cores. This host's speed drifts (the same
 one-process step took 77, 83 and 153 ms in three runs minutes apart), so the first layout is also run
 right before and after every launch, each layout is predicted with the efficiency of the reference timed
-beside it, and the whole sweep is measured ``--rounds`` times (medians kept). The targets (issue 23):
-peak memory within 10%, step time within 25%.
+beside it, and the whole sweep is measured ``--rounds`` times (medians kept). The bounds a prediction is
+held to: peak memory within 10% of the measured peak, step time within 25% of the measured median.
 The last line is the whole table as JSON.
 """
 
@@ -32,8 +32,8 @@ import json
 import os
 import sys
 
-from llmedu.parallel.layout_memory import Layout
-from llmedu.parallel.layout_run import measure_layouts, predict_layouts, probe_machine, small_gpt
+from llmedu.planner.measured import measure_layouts, predict_layouts, probe_machine, small_gpt
+from llmedu.planner.memory import Layout
 
 MEMORY_TARGET, TIME_TARGET = 0.10, 0.25
 

@@ -10,9 +10,9 @@ from llmedu.checks.planner import (
     check_pick,
     check_ring_all_reduce_time,
 )
-from llmedu.parallel.cost_model import cluster
-from llmedu.parallel.layout_memory import Batch, Layout
-from llmedu.parallel.planner import plan
+from llmedu.planner.clusters import cluster
+from llmedu.planner.memory import Batch, Layout
+from llmedu.planner.search import plan
 
 
 def test_ring_all_reduce_time_grader():
@@ -44,3 +44,11 @@ def test_pick_grader_accepts_the_planner_and_refuses_what_does_not_fit():
 
     assert not check_pick(plain_ddp)
     assert not check_pick(lambda name: (8, 1, 1))  # a tuple, not a Layout
+
+
+def test_pick_grader_names_a_degree_that_does_not_divide():
+    """A layout whose micro-batches do not divide the batch (8 x 3 into 256 sequences) fails with the reason,
+    before the cost model is asked (it would have floored the micro-batches and graded the layout)."""
+    result = check_pick(lambda name: Layout(dp=8, micro_batch=3))
+    assert not result
+    assert "dp=8 x micro_batch=3 must divide the batch of 256 sequences" in result.failure

@@ -14,9 +14,9 @@ check_pick(fn)
 
 from __future__ import annotations
 
-from ..parallel.cost_model import Link, cluster, collective_time
-from ..parallel.layout_memory import Batch, Layout
-from ..parallel.planner import MODELS, evaluate, plan
+from ..planner.clusters import Link, cluster, collective_time
+from ..planner.memory import Batch, Layout, uneven_splits
+from ..planner.search import MODELS, evaluate, plan
 from .core import CheckResult, Grader
 
 __all__ = ["check_ring_all_reduce_time", "check_micro_batches_for_bubble", "check_pick", "SCENARIOS"]
@@ -67,6 +67,9 @@ def check_pick(fn) -> CheckResult:
             layout.world == c.world_size,
             f"{layout} uses {layout.world}",
         ):
+            continue
+        wrong = uneven_splits(cfg, layout, batch)
+        if not g.expect(f"{name}: each degree divides what it splits", not wrong, f"{layout}: {'; '.join(wrong)}"):
             continue
         mine = evaluate(cfg, layout, c, batch)
         best = plan(cfg, c, batch, top=1, where=lambda lay: lay.cp == 1)[0]

@@ -18,17 +18,12 @@ sequence_parallel_attention  Megatron-SP's attention half and a whole pre-LN blo
 sequence_layout how context parallelism cuts a sequence across ranks: contiguous or zig-zag chunks
 context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
 experts         expert parallelism: E/N experts per rank, tokens dispatched and combined by two all-to-alls
-cost_model      what a collective costs on a link (alpha-beta, ring or tree), and cluster presets
-layout_memory   one DP x TP x PP x CP x EP layout: what each rank holds, and its memory, on paper
-layout_cost     the step time of a layout on paper: compute, collectives, bubble, what overlap hides
-planner         which parallelism when: every layout of a cluster, those that fit, ranked by the cost model
-published       published training runs (Megatron-LM, BLOOM, Llama 3) through the cost model
-local_cluster   this CPU as a Cluster: matmul FLOP/s, AdamW, overheads and gloo's alpha-beta measured
-layout_run      layouts trained for real on CPU processes, measured, with the planner's prediction beside them
-shared_cores    how ranks that share this CPU slow each other: the speed each keeps, and the wait per blocking message
 events          spans of compute and communication on each rank, for the timelines
 example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
                 script under our launcher and under torchrun
+
+Which of these techniques to use, and how many ranks each, is the planner's question: ``llmedu.planner``
+(it imports this package; nothing here imports it).
 """
 
 from .collectives import (
@@ -43,11 +38,8 @@ from .collectives import (
     traffic,
 )
 from .context_parallel import ring_attention
-from .cost_model import Cluster, Link, cluster
 from .experts import ExpertParallelMoE
 from .launch import WorkerError, launch
-from .layout_memory import Batch, Layout
-from .local_cluster import local_cluster
 from .mesh import make_mesh, train_3d
 from .offload import ZeROOffload
 from .pipeline_parallel import (
@@ -60,7 +52,6 @@ from .pipeline_parallel import (
     theoretical_bubble,
 )
 from .pipeline_schedules import simulate
-from .planner import NothingFits, plan
 from .sequence_parallel import SequenceParallelMLPBlock, gather_sequence, reduce_scatter_sequence
 from .sequence_parallel_attention import SequenceParallelBlock
 from .tensor_parallel import (
@@ -83,7 +74,6 @@ __all__ = [
     "gather_sequence",
     "reduce_scatter_sequence",
     "launch",
-    "local_cluster",
     "WorkerError",
     "broadcast",
     "reduce",
@@ -114,11 +104,4 @@ __all__ = [
     "train_3d",
     "ZeRO",
     "ZeROOffload",
-    "plan",
-    "NothingFits",
-    "Layout",
-    "Batch",
-    "Cluster",
-    "Link",
-    "cluster",
 ]

@@ -9,14 +9,14 @@ seed 003 asks for tools that choose the combination for us, because the space gr
    most the layers, cp the sequence in 2 cp zig-zag chunks, ep the experts), ZeRO stage 0-3, recomputation
    none/selective/full, micro-batch 1-8 dividing the batch, optimizer offload on or off;
 2. reject those whose busiest rank needs more than ``(1 - margin)`` of the accelerator's memory
-   (``layout_memory.memory_per_rank``; the margin stands for what the formulas leave out: the CUDA
+   (``memory.memory_per_rank``; the margin stands for what the formulas leave out: the CUDA
    context, the allocator's fragmentation, communication buffers);
-3. rank the rest by predicted step time (``layout_cost.step_time``; a tie to 3 significant figures goes
+3. rank the rest by predicted step time (``step_time.step_time``; a tie to 3 significant figures goes
    to the layout with fewer techniques switched on, then to the smaller footprint) and report model FLOPs
    utilisation, MFU = model FLOPs per step / (step time x ranks x peak) (PaLM, app. B).
 
 Each ``Plan`` carries its breakdowns and ``sources`` says where every figure comes from. The model is
-a ``TransformerConfig`` or the name of a preset (``MODELS``), the cluster a ``cost_model.Cluster``.
+a ``TransformerConfig`` or the name of a preset (``MODELS``), the cluster a ``clusters.Cluster``.
 
 Left out: balancing stages by cost (the busiest holds ceil(L / pp) layers and the embeddings), pipeline schedules other than
 (interleaved) 1F1B, searching over the global batch (it is given), the checkpoint and data-loading cost.
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 from ..models.config import MoEConfig, TransformerConfig
 from ..models.counting import flops_per_token
-from .cost_model import Cluster
-from .layout_cost import active_matmul_parameters, step_time
-from .layout_memory import RECOMPUTE, Batch, Layout, memory_per_rank
+from .clusters import Cluster
+from .memory import RECOMPUTE, ZERO_STAGES, Batch, Layout, memory_per_rank, uneven_splits
+from .step_time import active_matmul_parameters, step_time
 
 __all__ = ["MODELS", "Plan", "plan", "layouts", "evaluate", "NothingFits"]
 
@@ -103,6 +103,9 @@ def layouts(
 
     With ``flash`` attention keeps no s x s scores, so selective recomputation would change nothing: skipped.
     """
+    bad = [mb for mb in micro_batches if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1]
+    if bad or not micro_batches:
+        raise ValueError(f"micro_batches must be positive ints, got {tuple(micro_batches)!r}")
     recomputes = ("none", "full") if flash else RECOMPUTE
     world = cluster.world_size
     found = []
@@ -110,27 +113,29 @@ def layouts(
         if world % (tp * pp * cp):
             continue
         dp = world // (tp * pp * cp)
-        if cfg.n_heads % tp or (cfg.n_kv_heads % tp and tp % cfg.n_kv_heads) or pp > cfg.n_layers:
+        if uneven_splits(cfg, Layout(dp, tp, pp, cp), batch):  # then no ep or micro-batch can mend it
             continue
-        if batch.seq_len % (2 * cp) and cp > 1:
-            continue
-        experts = [1] if cfg.moe is None else [e for e in _divisors(dp) if cfg.moe.n_experts % e == 0]
-        stages = (0,) if dp * cp == 1 else (0, 1, 2, 3)
+        experts = [1] if cfg.moe is None else _divisors(dp)
+        stages = (0,) if dp * cp == 1 else ZERO_STAGES
         for ep, mb, zero, recompute, offload in itertools.product(
             experts, micro_batches, stages, recomputes, (False, True)
         ):
-            if batch.sequences % (dp * mb):
-                continue
-            found.append(Layout(dp, tp, pp, cp, ep, zero, recompute, mb, offload))
+            layout = Layout(dp, tp, pp, cp, ep, zero, recompute, mb, offload)
+            if not uneven_splits(cfg, layout, batch):
+                found.append(layout)
     return found
 
 
 def evaluate(
     cfg: TransformerConfig, layout: Layout, cluster: Cluster, batch: Batch, *, margin: float = 0.1, flash: bool = True
 ) -> Plan:
-    """The predicted memory, step time and MFU of one layout."""
+    """The predicted memory, step time and MFU of one layout (refused if a degree does not divide what it splits:
+    ``memory.uneven_splits``)."""
     if layout.world != cluster.world_size:
         raise ValueError(f"layout {layout} uses {layout.world} ranks; the cluster has {cluster.world_size}")
+    wrong = uneven_splits(cfg, layout, batch)
+    if wrong:
+        raise ValueError(f"layout {layout} does not split this model and batch evenly: {'; '.join(wrong)}")
     memory = memory_per_rank(cfg, layout, batch, flash=flash, precision=cluster.precision)
     time = step_time(cfg, layout, batch, cluster)
     model_flops = flops_per_token(cfg, active_matmul_parameters(cfg), batch.seq_len) * batch.sequences * batch.seq_len
@@ -153,6 +158,8 @@ def plan(
     ``NothingFits`` names the closest miss. ``flash``: attention keeps no s x s scores (FlashAttention).
     ``where`` keeps only the layouts it accepts, e.g. ``where=lambda lay: lay.cp == 1``."""
     cfg = _model(model)
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive int (how many plans to return), got top={top!r}")
     if not 0 <= margin < 1:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     candidates = [lay for lay in layouts(cfg, cluster, batch, flash=flash) if where is None or where(lay)]
@@ -206,10 +213,10 @@ def _sources(cluster: Cluster) -> dict[str, str]:
         "bubble": "(pp - 1) / v micro-batch slots of 1F1B (Narayanan et al. 2021 §2.2)",
         "tp": "all-reduces of the busiest stage's TP group in every micro-batch, as our tensor_parallel sends them: "
         "4 a layer (Megatron-LM; 6 with full recomputation) and the vocabulary-parallel ends, the embedding's "
-        "and the head's of b s h values and the loss's 3 of b s fp32 numbers (layout_cost.tp_collectives)",
+        "and the head's of b s h values and the loss's 3 of b s fp32 numbers (messages.tp_collectives)",
         "dp": "DDP: bucket all-reduces in the last micro-batch's backward; ZeRO: ring reduce-scatters of each unit, in "
         "the last micro-batch's backward (ZeRO-1) or in every micro-batch's (ZeRO-2/3, as DeepSpeed's stage 2), "
         "hidden behind that backward as far as it lasts; ZeRO-3's gathers, twice a micro-batch, behind its forward "
         "and (with the reduce-scatter) its backward; exposed: the all-gather of the updated weights after the step "
-        "(ZeRO-1/2) and the gradient norm (layout_cost.dp_collectives, dp_time)",
+        "(ZeRO-1/2) and the gradient norm (messages.dp_collectives, step_time.dp_time)",
     }

@@ -26,10 +26,10 @@ one port per GPU in a DGX node. A group that spans nodes runs at the speed of it
 InfiniBand port per GPU; a node with a single 100 Gb/s Ethernet NIC (``ETHERNET``) gives each of its 8
 GPUs an eighth, 1.56 GB/s. A ring collective of a group with g members on every node runs as g rings at
 once, each crossing the nodes through a different GPU's share, the group's traffic split among them
-over NVLink (NCCL builds one ring per NIC and balances the traffic over them through NVLink; NVIDIA/nccl
-issue 601), so the group crosses at g times the share (``Cluster.link``): data parallelism over all 16
-GPUs of two DGX nodes at 8 x 25 GB/s, while 8 groups of one GPU per node (TP8 inside each node) get 25
-GB/s each. Sends and all-to-alls get the share: each rank sends its own bytes.
+over NVLink (NCCL builds one ring per NIC and balances the traffic over them through NVLink, when NVLink
+can carry the NICs' sum: NVIDIA/nccl#412), so the group crosses at g times the share (``Cluster.link``):
+data parallelism over all 16 GPUs of two DGX nodes at 8 x 25 GB/s, while 8 groups of one GPU per node
+(TP8 inside each node) get 25 GB/s each. Sends and all-to-alls get the share: each rank sends its own bytes.
 
 Left out: contention between groups that share a link (TP and DP traffic at once), in-network
 reduction (SHARP), NCCL's protocol choices (LL/LL128/Simple) and its pipelining of a ring's chunks,
@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..hardware.specs import ACCELERATORS, Accelerator
-from .shared_cores import Sharing
+from .sharing import Sharing
 
 __all__ = [
     "Link",
@@ -89,9 +89,9 @@ class Cluster:
     per layer, and per stage, in every micro-batch's forward and backward beyond its FLOPs (launching
     ops from Python); 0 for the GPU presets, where launches queue ahead of the kernels. ``cores``: the
     CPU cores that all ranks share, counted in threads (0: every rank has its own accelerator); with
-    more rank threads than cores, ranks take turns (``layout_cost.step_time``). ``sharing``: what ranks that
-    share one CPU cost each other, measured (``shared_cores.Sharing``: the speed a rank keeps when all
-    compute, the wait of each blocking message); None: ideal turns on ``cores``, no wait.
+    more rank threads than cores, ranks take turns (``step_time.step_time``). ``sharing``: what ranks that
+    share one CPU cost each other (``sharing.Sharing``, measured by ``shared_cores``: the speed a rank
+    keeps when all compute, the wait of each blocking message); None: ideal turns on ``cores``, no wait.
     """
 
     name: str

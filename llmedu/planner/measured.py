@@ -1,6 +1,6 @@
 """Train a ``Layout`` for real on CPU processes and measure it; set the planner's prediction beside it.
 
-What ``layout_memory`` and ``layout_cost`` predict on paper, this module runs: a small GPT
+What ``memory`` and ``step_time`` predict on paper, this module runs: a small GPT
 (``TransformerConfig``, fp32, AdamW) trained with our wrappers on ``launch``'s processes:
 
     pure data parallelism     ``DDP`` (one bucket, ``no_sync`` while micro-batches accumulate)
@@ -11,7 +11,7 @@ What ``layout_memory`` and ``layout_cost`` predict on paper, this module runs: a
 
 For each layout: one warm-up step, one step under ``MemoryTracker`` (the busiest rank's peak), then
 timed steps (a step's time is its slowest rank's). ``predict`` costs the same layouts with
-``planner.evaluate`` on ``local_cluster`` (this machine, measured: how the ranks share it too), its compute
+``search.evaluate`` on ``probes.local_cluster`` (this machine, measured: how the ranks share it too), its compute
 efficiency calibrated on a one-process layout. ``benchmarks/bench_planner.py`` and lesson 13 use both.
 
 Left out: sequence, context and expert parallelism (the model has them; ``mesh`` does not build them),
@@ -28,10 +28,9 @@ import torch.distributed as dist
 
 from ..models.config import TransformerConfig
 from ..models.counting import flops_per_token
-from .launch import launch
-from .layout_cost import active_matmul_parameters
-from .layout_memory import Batch, Layout
-from .local_cluster import (
+from ..parallel.launch import launch
+from .memory import Batch, Layout
+from .probes import (
     calibrate_efficiency,
     local_cluster,
     measure_adam_rate,
@@ -39,8 +38,9 @@ from .local_cluster import (
     measure_overheads,
     measure_thread_flops,
 )
-from .planner import evaluate
+from .search import evaluate
 from .shared_cores import measure_sharing
+from .step_time import active_matmul_parameters
 
 __all__ = ["small_gpt", "build", "measure_layouts", "probe_machine", "predict_layouts"]
 
@@ -65,12 +65,12 @@ def build(cfg: TransformerConfig, lay: Layout, tokens: torch.Tensor):
     ``tokens`` (B, T) is the global batch, the same on every rank; each replica takes its 1/dp.
     """
     from ..models.gpt import CausalLM, lm_loss
+    from ..parallel.data_parallel import DDP
+    from ..parallel.mesh import make_mesh
+    from ..parallel.pipeline_parallel import Pipeline, PipelineStage
+    from ..parallel.tensor_parallel import tensor_parallel, vocab_parallel_lm_loss
+    from ..parallel.zero import ZeRO
     from ..train.recompute import apply_policy
-    from .data_parallel import DDP
-    from .mesh import make_mesh
-    from .pipeline_parallel import Pipeline, PipelineStage
-    from .tensor_parallel import tensor_parallel, vocab_parallel_lm_loss
-    from .zero import ZeRO
 
     torch.manual_seed(0)
     model = CausalLM(cfg)

@@ -23,7 +23,7 @@ each **measured** with ``world`` processes of one thread each (``measure_sharing
   count), the raw reading and the noise kept (``Sharing.measured``, ``noise``, and said in ``source``).
   Beyond the noise it is not a measurement of sharing (ranks cannot get more than the cores; the machine
   changed speed between the alone and together halves of a pair), so the probe runs again with twice the
-  repeats, up to ``attempts`` times, then is refused, as ``local_cluster``'s gloo probe refuses a noisy
+  repeats, up to ``attempts`` times, then is refused, as ``probes.local_cluster``'s gloo probe refuses a noisy
   fit. Without ``cores`` the share is 1 (nothing is known of the cores).
 * ``wait``: what each hop of a blocking collective costs beyond the link's alpha-beta when the ranks
   compute between collectives, as in a training step (the link is fitted to all-reduces of 4 KiB to
@@ -32,8 +32,8 @@ each **measured** with ``world`` processes of one thread each (``measure_sharing
   all-reduce) / its 2 (world - 1) ring steps. Per hop because a hop is the unit that waits: each one
   wakes a process, on a core that another rank may be computing on.
 
-``layout_cost.step_time`` charges ``wait`` for every hop of the busiest rank's blocking messages
-(``blocking_hops``, counted from our wrappers' code: 2 (p - 1) for an all-reduce over p ranks, p - 1 for
+``step_time`` charges ``wait`` for every hop of the busiest rank's blocking messages
+(``messages.blocking_hops``, counted from our wrappers' code: 2 (p - 1) for an all-reduce over p ranks, p - 1 for
 a reduce-scatter or all-gather, 1 for a pipeline's receive) and divides each rank's CPU work by
 ``speed``. GPU presets have neither (speed 1, wait 0), so nothing changes for them.
 
@@ -47,48 +47,21 @@ It is probed with one message size and one amount of work between messages; gloo
 (about an all-reduce's time in the same probe) and all-gather are charged as rings of p - 1 hops; a
 receive is charged one hop though it wakes one process, not a ring; neither term depends on which
 ranks share a core (the OS decides, and moves them). The messages counted here are the ones whose
-alpha-beta ``step_time`` charges (``layout_cost.tp_collectives`` and ``dp_collectives`` count both).
+alpha-beta ``step_time`` charges (``messages.tp_collectives`` and ``dp_collectives`` count both).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
-__all__ = [
-    "Sharing",
-    "measure_sharing",
-    "sharing_from",
-    "messages_per_micro_batch",
-    "messages_per_step",
-    "hops",
-    "blocking_hops",
-]
+from .clusters import all_reduce_time
+from .probes import repeat_noisy_probe
+from .sharing import Sharing
 
-
-@dataclass(frozen=True)
-class Sharing:
-    """How ``world`` single-thread ranks on one CPU slow each other down (see the module docstring)."""
-
-    world: int
-    speed: float  # fraction of its alone speed a rank keeps when all compute at once, in (0, 1]
-    wait: float  # seconds a blocking message costs beyond the link's alpha-beta, >= 0
-    source: str
-    measured: float | None = None  # the probe's reading of speed before clipping at 1 (None: not probed)
-    noise: float = 0.0  # half the range of the probe's repeated readings of speed
-
-    def __post_init__(self):
-        if not isinstance(self.world, int) or self.world < 1:
-            raise ValueError(f"world must be a positive int, got {self.world!r}")
-        if not 0 < self.speed <= 1:
-            raise ValueError(f"speed must be in (0, 1] (a fraction of the speed alone), got {self.speed!r}")
-        if not self.wait >= 0:
-            raise ValueError(f"wait must be >= 0 seconds, got {self.wait!r}")
-        if not self.noise >= 0 or (self.measured is not None and not self.measured > 0):
-            raise ValueError(f"need noise >= 0 and a positive measured speed, got {self.noise!r}, {self.measured!r}")
+__all__ = ["measure_sharing", "sharing_from"]
 
 
 def _model_step(cfg, micro_batch: int):
@@ -170,14 +143,12 @@ def measure_sharing(
     """Measure ``speed`` and ``wait`` for ``world`` ranks of one thread (the module docstring says how).
 
     ``cfg`` is the model whose step (a micro-batch of ``micro_batch`` sequences) is timed; ``link`` the
-    ``cost_model.Link`` measured for this world (its alpha-beta of a 4 KiB all-reduce is taken off the round);
+    ``clusters.Link`` measured for this world (its alpha-beta of a 4 KiB all-reduce is taken off the round);
     ``cores`` the machine's cores, which bound the speed (``sharing_from``). A speed read above that bound
     beyond its noise is probed again with twice the repeats, ``attempts`` times in all, then
     ``sharing_from``'s error is raised.
     """
-    from .cost_model import all_reduce_time
-    from .launch import launch
-    from .local_cluster import repeat_noisy_probe
+    from ..parallel.launch import launch  # looked up at each call, so that a test can stand in for it
 
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"sharing needs at least 2 ranks to measure, got world={world!r}")
@@ -233,59 +204,3 @@ def sharing_from(
         f"vs {modelled * 1e3:.2f} ms by the idle link's alpha-beta, over {2 * (world - 1)} hops"
     )
     return Sharing(world, min(share, speed), wait, source, measured=speed, noise=noise)
-
-
-def messages_per_micro_batch(cfg, layout) -> dict[str, int]:
-    """Blocking messages of the busiest rank in one micro-batch slot, by kind, counted from our wrappers' code:
-
-    tp   ``layout_cost.tp_collective_counts``: 4 all-reduces a layer (2 forward, 2 backward; 2 more forward
-         with full recomputation), and the vocabulary-parallel ends (``tensor_parallel``): the embedding's
-         all-reduce, the head's in backward and the loss's three (max, sum of exponentials, target logit),
-         the last four on the last stage
-    cp   3 (cp - 1) ring sends a layer (K and V forward, twice that in backward); ep 4 all-to-alls a MoE layer
-    pp   the receives a stage blocks on: 1 (an end stage of two) or 2 (an activation and a gradient)
-    """
-    from .layout_cost import tp_collective_counts
-    from .layout_memory import stage_layers
-
-    layers = stage_layers(cfg, layout)
-    tp = sum(tp_collective_counts(cfg, layout).values())
-    moe = cfg.moe is not None and layout.ep > 1
-    pp = 0 if layout.pp == 1 else 1 if layout.pp == 2 else 2
-    return {"tp": tp, "cp": layers * 3 * (layout.cp - 1), "ep": layers * 4 * moe, "pp": pp}
-
-
-def messages_per_step(moves: dict[str, tuple[str, int, float]]) -> dict[str, int]:
-    """Blocking collectives of the data-parallel sync in one step, from ``layout_cost.dp_collectives`` (the
-    counts ``step_time``'s alpha-beta charges): its all-reduces (DDP's buckets, ZeRO's gradient norm) as
-    "dp all-reduce", its reduce-scatters and all-gathers (ZeRO's units) as "dp shard"."""
-    counts = {"dp all-reduce": 0, "dp shard": 0}
-    for op, n, _ in moves.values():
-        counts["dp all-reduce" if op == "all_reduce" else "dp shard"] += n
-    return counts
-
-
-def hops(kind: str, layout) -> int:
-    """Ring steps of one message of ``kind``, each a process to wake: 2 (p - 1) for an all-reduce over p ranks,
-    p - 1 for a reduce-scatter, all-gather or all-to-all, 1 for a send (``cost_model``'s formulas)."""
-    shards = layout.dp * layout.cp
-    steps = {
-        "tp": 2 * (layout.tp - 1),
-        "cp": 1,
-        "ep": layout.ep - 1,
-        "pp": 1,
-        "dp all-reduce": 2 * (shards - 1),
-        "dp shard": shards - 1,
-    }
-    if kind not in steps:
-        raise ValueError(f"unknown kind of message {kind!r}; one of {list(steps)}")
-    return steps[kind]
-
-
-def blocking_hops(cfg, layout, dp_moves: dict, micro_batches: int) -> float:
-    """Hops of the busiest rank's blocking messages in one step: the micro-batch's in every slot of the
-    pipeline (m + (pp - 1) / v, as ``step_time`` charges their alpha-beta), then the data-parallel sync's
-    (``dp_moves``: ``layout_cost.dp_collectives`` of the layout)."""
-    slots = micro_batches + (layout.pp - 1) / layout.virtual
-    per_slot = sum(n * hops(k, layout) for k, n in messages_per_micro_batch(cfg, layout).items())
-    return slots * per_slot + sum(n * hops(k, layout) for k, n in messages_per_step(dp_moves).items())

@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..models.config import TransformerConfig
-from .cost_model import GB, Link, cluster
-from .layout_memory import Batch, Layout
-from .planner import MODELS, Plan, evaluate, plan
+from .clusters import GB, Link, cluster
+from .memory import Batch, Layout
+from .search import MODELS, Plan, evaluate, plan
 
 __all__ = ["Run", "RUNS", "Comparison", "compare"]
 
@@ -40,7 +40,7 @@ class Run:
     name: str
     model: TransformerConfig
     nodes: int
-    preset: str  # a cost_model cluster preset
+    preset: str  # a cluster preset (clusters.CLUSTERS)
     layout: Layout
     batch: Batch
     reported_mfu: tuple[float, float]  # low, high (equal when one figure was reported)

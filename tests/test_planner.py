@@ -1,4 +1,4 @@
-"""The planner (llmedu.parallel.planner) and its cost models: counts checked against the real model, bytes
+"""The planner (llmedu.planner) and its cost models: counts checked against the real model, bytes
 against what our collectives send, memory against memory.estimate, and the planner's behaviour at the edges."""
 
 from dataclasses import replace
@@ -12,11 +12,12 @@ from llmedu.models.counting import count_parameters, matmul_parameters
 from llmedu.models.gpt import CausalLM
 from llmedu.parallel import launch
 from llmedu.parallel.collectives import all_gather, reduce_scatter, ring_all_reduce
-from llmedu.parallel.cost_model import ETHERNET, Link, all_reduce_time, bytes_sent, cluster, collective_time
-from llmedu.parallel.layout_cost import active_matmul_parameters, dp_collectives, step_time, tp_collectives
-from llmedu.parallel.layout_memory import Batch, Layout, memory_per_rank, parameters, stage_layers
 from llmedu.parallel.p2p import traffic
-from llmedu.parallel.planner import MODELS, NothingFits, evaluate, layouts, plan
+from llmedu.planner.clusters import ETHERNET, Link, all_reduce_time, bytes_sent, cluster, collective_time
+from llmedu.planner.memory import Batch, Layout, memory_per_rank, parameters, stage_layers, uneven_splits
+from llmedu.planner.messages import dp_collectives, tp_collectives
+from llmedu.planner.search import MODELS, NothingFits, evaluate, layouts, plan
+from llmedu.planner.step_time import active_matmul_parameters, step_time
 
 GiB = 2**30
 SMALL = dict(vocab_size=101, d_model=32, n_layers=3, n_heads=4, max_seq_len=16)
@@ -357,7 +358,7 @@ def test_published_layouts_fit_and_their_mfu_is_predicted_within_ten_points():
     where its hidden size of 2304 gives small GEMMs (the run reached 44% of peak, 33% MFU, with little to
     communicate). Llama 3 405B is left out here: our model does not make its PP16 layout fit (see the
     published module)."""
-    from llmedu.parallel.published import RUNS, compare
+    from llmedu.planner.published import RUNS, compare
 
     runs = tuple(r for r in RUNS if not r.name.startswith("Llama"))
     for c in compare(runs):
@@ -366,3 +367,71 @@ def test_published_layouts_fit_and_their_mfu_is_predicted_within_ten_points():
         over = 0.15 if c.run.name == "Megatron-LM 1.7B" else 0.10
         assert low - 0.10 <= c.published.mfu <= high + over, c.row()
         assert c.chosen.mfu >= c.published.mfu - 1e-9, c.row()  # the planner's pick is at least as good, by its model
+
+
+# -- what the planner refuses, and how it says so ------------------------------------------------------------
+@pytest.mark.parametrize("top", [-1, 0, 1.5, "3", True])
+def test_top_must_be_a_positive_int(top):
+    """top=-1 used to slice off the last plan (all but one returned); 0 returned nothing, True one plan."""
+    with pytest.raises(ValueError, match=f"top must be a positive int .*got top={top!r}"):
+        plan("llama3-8b", cluster("dgx-a100"), Batch(256, 2048), top=top)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(pp=0), "pp must be a positive int, got pp=0"),  # was: max() of an empty sequence
+        (dict(dp=-2), "dp must be a positive int, got dp=-2"),
+        (dict(tp=1.5), "tp must be a positive int, got tp=1.5"),
+        (dict(cp=True), "cp must be a positive int, got cp=True"),
+        (dict(micro_batch=0), "micro_batch must be a positive int"),
+        (dict(virtual=0), "virtual must be a positive int"),
+        (dict(ep=0), "ep must be a positive int"),
+        (dict(zero=4), r"zero must be one of the ZeRO stages \(0, 1, 2, 3\), got zero=4"),
+        (dict(recompute="blocks"), r"recompute must be one of \('none', 'selective', 'full'\), got recompute='blocks'"),
+    ],
+)
+def test_a_layout_with_an_impossible_degree_or_policy_is_refused_by_name(changes, message):
+    """Degrees of zero or less used to fail deep inside the model (max() of empty sequence, ZeroDivisionError),
+    an unknown recompute policy with a KeyError of step_time's table."""
+    with pytest.raises(ValueError, match=message):
+        Layout(**changes)
+
+
+_GQA = TransformerConfig.llama(
+    vocab_size=101, d_model=48, n_layers=4, n_heads=12, n_kv_heads=4, d_ff=48, max_seq_len=16
+)
+
+
+@pytest.mark.parametrize(
+    "cfg, layout, batch, message",
+    [
+        # 32 heads over 3 ranks: once predicted to fit at 31% MFU
+        (MODELS["llama3-8b"], Layout(dp=8, tp=3), Batch(48, 2048), "tp=3 must divide the 32 attention heads"),
+        (_GQA, Layout(tp=6), Batch(8, 16), "tp=6 must divide the 4 K/V heads, or be a multiple of them"),
+        (replace(MODELS["llama3-8b"], d_ff=14001), Layout(tp=2), Batch(8, 2048), "tp=2 must divide the FFN width"),
+        (MODELS["llama3-8b"], Layout(pp=40), Batch(40, 2048), r"pp=40 x virtual=1 chunks must be at most the 32"),
+        (MODELS["llama3-8b"], Layout(pp=16, virtual=4), Batch(16, 2048), r"pp=16 x virtual=4 chunks must be at most"),
+        (MODELS["llama3-8b"], Layout(cp=3), Batch(8, 1024), "2 x cp=3 zig-zag chunks must divide the sequence length"),
+        (
+            MODELS["llama3-8b"],
+            Layout(dp=2, micro_batch=3),
+            Batch(8, 1024),
+            "dp=2 x micro_batch=3 must divide the batch",
+        ),
+        (MODELS["llama3-8b"], Layout(dp=2, ep=2), Batch(8, 1024), "ep=2 needs a mixture of experts"),
+        (MODELS["mixtral-8x7b"], Layout(dp=3, ep=3), Batch(6, 1024), "ep=3 must divide the 8 experts and dp=3"),
+    ],
+)
+def test_evaluate_refuses_a_degree_that_does_not_divide_what_it_splits(cfg, layout, batch, message):
+    with pytest.raises(ValueError, match=message):
+        evaluate(cfg, layout, cluster("a100", nodes=layout.world), batch)
+
+
+def test_the_planner_only_enumerates_layouts_that_evaluate_accepts():
+    cfg = MODELS["mixtral-8x7b"]
+    batch, c = Batch(48, 2048), cluster("dgx-a100", nodes=3)  # 24 ranks: tp=3 and cp=3 are divisors
+    found = layouts(cfg, c, batch)
+    assert found and not any(uneven_splits(cfg, lay, batch) for lay in found)
+    with pytest.raises(ValueError, match="micro_batches must be positive ints"):
+        layouts(cfg, c, batch, micro_batches=(1, 0))

@@ -24,7 +24,7 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
                  gradient counts only where it outgrows the activations it replaces in backward
 
 What a rank holds (``parameters``, ``held_parameters``, ``stage_layers``) is also what its collectives move:
-``layout_cost``, the step time, prices the data-parallel sync on the same counts.
+``messages`` counts and ``step_time`` prices the data-parallel sync on the same counts.
 
 Left out: memory fragmentation and the CUDA context (the planner keeps a margin instead), communication
 buffers, gated FFNs' extra activations beyond the width ratio.
@@ -35,12 +35,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..models.config import TransformerConfig
-from .cost_model import PRECISIONS
+from .clusters import PRECISIONS
 
 __all__ = [
     "Layout",
     "Batch",
     "RECOMPUTE",
+    "ZERO_STAGES",
+    "uneven_splits",
     "parameters",
     "held_parameters",
     "stage_layers",
@@ -49,6 +51,7 @@ __all__ = [
 ]
 
 RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
 BF16 = 2
 
 
@@ -67,6 +70,16 @@ class Layout:
     offload: bool = False  # optimizer states and step on the host (ZeRO-Offload)
     virtual: int = 1  # interleaved pipeline: model chunks per rank
     sequence_parallel: bool = True  # with tp > 1, norms and dropout split along the sequence
+
+    def __post_init__(self):  # the planner builds thousands of these: plain checks, the messages only on a miss
+        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "virtual"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"Layout: {name} must be a positive int, got {name}={value!r}")
+        if type(self.zero) is not int or self.zero not in ZERO_STAGES:
+            raise ValueError(f"Layout: zero must be one of the ZeRO stages {ZERO_STAGES}, got zero={self.zero!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"Layout: recompute must be one of {RECOMPUTE}, got recompute={self.recompute!r}")
 
     @property
     def world(self) -> int:
@@ -91,6 +104,40 @@ class Batch:
     def __post_init__(self):
         if self.sequences < 1 or self.seq_len < 1:
             raise ValueError(f"batch needs positive sequences and seq_len, got {self.sequences}, {self.seq_len}")
+
+
+def uneven_splits(cfg: TransformerConfig, layout: Layout, batch: Batch) -> list[str]:
+    """What the degrees of ``layout`` split that they do not divide, one sentence each (empty: all divide).
+
+    tp splits the attention heads and the FFN's width (K/V heads too, or, with fewer K/V heads than tp,
+    each is copied to tp / n_kv_heads ranks, as Megatron-LM does; the vocabulary is padded to a multiple
+    of tp, as Megatron-LM does, so it need not divide); pp x virtual chunks share the layers (the busiest
+    holds ceil(L / pp), so they need not divide, but none may be empty); cp cuts the sequence into 2 cp
+    zig-zag chunks; ep splits the experts and sits inside dp; dp x micro_batch splits the batch."""
+    tp, kv = layout.tp, cfg.n_kv_heads
+    wrong = []
+    if cfg.n_heads % tp:
+        wrong.append(f"tp={tp} must divide the {cfg.n_heads} attention heads")
+    if kv % tp and tp % kv:
+        wrong.append(f"tp={tp} must divide the {kv} K/V heads, or be a multiple of them")
+    if cfg.d_ff % tp:
+        wrong.append(f"tp={tp} must divide the FFN width d_ff={cfg.d_ff}")
+    if layout.pp * layout.virtual > cfg.n_layers:
+        wrong.append(
+            f"pp={layout.pp} x virtual={layout.virtual} chunks must be at most the {cfg.n_layers} layers "
+            "(a stage would be empty)"
+        )
+    if layout.cp > 1 and batch.seq_len % (2 * layout.cp):
+        wrong.append(f"2 x cp={layout.cp} zig-zag chunks must divide the sequence length {batch.seq_len}")
+    if layout.ep > 1 and cfg.moe is None:
+        wrong.append(f"ep={layout.ep} needs a mixture of experts; this model has none (use ep=1)")
+    elif layout.ep > 1 and (cfg.moe.n_experts % layout.ep or layout.dp % layout.ep):
+        wrong.append(f"ep={layout.ep} must divide the {cfg.moe.n_experts} experts and dp={layout.dp}")
+    if batch.sequences % (layout.dp * layout.micro_batch):
+        wrong.append(
+            f"dp={layout.dp} x micro_batch={layout.micro_batch} must divide the batch of {batch.sequences} sequences"
+        )
+    return wrong
 
 
 def parameters(cfg: TransformerConfig) -> dict[str, int]:

@@ -9,19 +9,14 @@ import pytest
 import torch
 
 from llmedu.parallel.compat import ALL_GATHER, REDUCE_SCATTER  # this torch's names of the two
-from llmedu.parallel.cost_model import Link, cluster
-from llmedu.parallel.layout_cost import dp_collectives, step_time, tp_collectives
-from llmedu.parallel.layout_memory import Batch, Layout
-from llmedu.parallel.layout_run import build, small_gpt
-from llmedu.parallel.local_cluster import local_cluster
-from llmedu.parallel.shared_cores import (
-    Sharing,
-    hops,
-    measure_sharing,
-    messages_per_micro_batch,
-    messages_per_step,
-    sharing_from,
-)
+from llmedu.planner.clusters import Link, cluster
+from llmedu.planner.measured import build, small_gpt
+from llmedu.planner.memory import Batch, Layout
+from llmedu.planner.messages import dp_collectives, hops, messages_per_micro_batch, messages_per_step, tp_collectives
+from llmedu.planner.probes import local_cluster
+from llmedu.planner.shared_cores import measure_sharing, sharing_from
+from llmedu.planner.sharing import Sharing
+from llmedu.planner.step_time import step_time
 
 LINK = Link("test link", bandwidth=1e9, latency=1e-4, source="a test")
 KNOWN = dict(cores=2, thread_flops=1e10, link=LINK, adam_rate=1e9, memory_bytes=2**34, threads=1)
@@ -219,7 +214,7 @@ def test_the_counts_are_what_our_wrappers_send():
 def _count_bytes(cfg, sequences, layouts):
     """On every rank: each blocking message of one step of each layout, as {name: [buffer bytes, ...]}, by
     patching torch.distributed (the buffer: an all-reduce's tensor, a reduce-scatter's input, an all-gather's
-    output, i.e. the full buffer ``cost_model`` prices)."""
+    output, i.e. the full buffer ``clusters`` prices)."""
     import torch.distributed as dist
 
     buffer = {"all_reduce": 0, REDUCE_SCATTER: 1, ALL_GATHER: 0, "recv": 0}

@@ -1,6 +1,6 @@
 """This machine as a ``Cluster``: its CPU's FLOP/s and its gloo link, measured, not looked up.
 
-The planner's presets (``cost_model.CLUSTERS``) describe GPU nodes from datasheets. To check the cost
+The planner's presets (``clusters.CLUSTERS``) describe GPU nodes from datasheets. To check the cost
 model against measurement we need the one machine we can measure: several processes on one CPU,
 talking through gloo over the loopback device. What is **measured** when ``local_cluster`` runs:
 
@@ -25,7 +25,7 @@ What is **assumed**, and said in the cluster's fields:
   threads than cores, the ranks take turns: when all compute at once each runs at
   ``flops * min(threads, cores / world)`` (4 ranks on 2 cores: half a core each), and a message waits
   for nothing beyond its alpha-beta. Either way a rank that waits leaves its core to the others
-  (``layout_cost.step_time``). On this machine the assumption can be far off: in one hour its two vCPUs
+  (``step_time.step_time``). On this machine the assumption can be far off: in one hour its two vCPUs
   gave two copies of the model's step 52% of their speed alone in one probe and 94-96% in later ones
   (``bench_planner``'s two-rank data parallelism was once no faster than one process);
 * ``efficiency``: the fraction of that matmul speed a training step of the model sustains (its small
@@ -53,8 +53,8 @@ import torch
 
 from ..hardware.probe import measure_matmul_flops
 from ..hardware.specs import Accelerator
-from .cost_model import Cluster, Link
-from .shared_cores import Sharing
+from .clusters import Cluster, Link
+from .sharing import Sharing
 
 __all__ = [
     "measure_thread_flops",
@@ -185,7 +185,7 @@ def measure_gloo_link(
     A busy machine can make a small all-reduce as slow as a large one, and then no bandwidth fits: the
     probe is run again with twice the repeats, ``attempts`` times in all, then the fit's error is raised.
     """
-    from .launch import launch
+    from ..parallel.launch import launch
 
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"a link needs at least 2 ranks to measure, got world={world!r}")

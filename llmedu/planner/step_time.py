@@ -1,6 +1,6 @@
 """The step time of one parallel layout, on paper: the planner's time model.
 
-``layout_memory`` defines a ``Layout`` (``world = dp * tp * pp * cp`` ranks, ZeRO stage, recomputation,
+``memory`` defines a ``Layout`` (``world = dp * tp * pp * cp`` ranks, ZeRO stage, recomputation,
 micro-batch, offload) and what each rank holds; this module prices one optimizer step of it on a
 ``Cluster``: the pipeline's (m + (pp-1)/v) micro-batch slots (GPipe's bubble, lesson 12) of compute +
 the communication on the critical path, then what of the data-parallel sync compute does not hide,
@@ -13,13 +13,13 @@ then the optimizer step:
                values; SP swaps each for an all-gather + reduce-scatter of the same bytes (lesson 11);
                and the vocabulary-parallel ends our wrapper (and Megatron-LM) adds: the embedding's
                all-reduce of b (s/cp) h values (forward, first stage), the head's (backward, last
-               stage) and the loss's three of b (s/cp) fp32 numbers (last stage) (``tp_collectives``)
+               stage) and the loss's three of b (s/cp) fp32 numbers (last stage) (``messages.tp_collectives``)
     CP         K and V of the other cp - 1 chunks pass around the ring (forward; twice that in
                backward), overlapped with attention: only what exceeds attention's time shows
     EP         4 all-to-alls per MoE layer (dispatch and combine, forward and backward) of the top_k
                copies of b (s/cp) h values (lesson 19)
     PP         one send forward and one backward per micro-batch, of b (s/cp) h values
-    DP         ``dp_collectives`` (counted from our wrappers), in pieces: DDP's 25 MiB buckets, ZeRO's
+    DP         ``messages.dp_collectives`` (counted from our wrappers), in pieces: DDP's 25 MiB buckets, ZeRO's
                units (a layer; the embedding and head together). Each hides only behind compute that runs
                while it can run, and each stretch of compute hides communication once (``dp_time``):
                  DDP       the bucket all-reduces, in the last micro-batch's backward
@@ -40,7 +40,7 @@ then the optimizer step:
                16-bit gradients down and weights up over PCIe, and ~28 bytes per parameter through
                host memory for the CPU's Adam (ZeRO-Offload, Ren et al. 2021), not overlapped
 
-Every collective is costed by ``cost_model`` on the slowest link its group crosses. Where ranks share
+Every collective is costed by ``clusters`` on the slowest link its group crosses. Where ranks share
 one CPU (this machine: ``cluster.sharing``, measured by ``shared_cores``, else ideal turns on
 ``cluster.cores``), the step is the longer of that critical path and each rank's CPU work at the speed
 it keeps while all compute, plus its communication ("shared cores" in the breakdown); each hop of a
@@ -69,25 +69,17 @@ halving attention FLOPs.
 
 from __future__ import annotations
 
-import math
-
 from ..models.config import TransformerConfig
 from ..models.counting import flops_per_token
-from .cost_model import Cluster, all_reduce_time, collective_time
-from .layout_memory import BF16, Batch, Layout, held_parameters, stage_layers
-from .shared_cores import blocking_hops
+from .clusters import Cluster, all_reduce_time, collective_time
+from .memory import BF16, Batch, Layout, held_parameters, stage_layers
+from .messages import blocking_hops, dp_collectives, dp_pieces, tp_collectives
 
 __all__ = [
     "active_matmul_parameters",
-    "tp_collective_counts",
-    "tp_collectives",
-    "dp_pieces",
-    "dp_collectives",
     "dp_time",
     "step_time",
 ]
-
-DDP_BUCKET = 25 * 2**20  # bytes: torch DDP's default bucket (ours too)
 
 
 def active_matmul_parameters(cfg: TransformerConfig) -> int:
@@ -98,72 +90,6 @@ def active_matmul_parameters(cfg: TransformerConfig) -> int:
     if cfg.moe is not None:
         ffn = cfg.moe.top_k * ffn + d * cfg.moe.n_experts
     return cfg.n_layers * (d * (d + 2 * kv) + d * d + ffn) + cfg.vocab_size * d
-
-
-def tp_collective_counts(cfg: TransformerConfig, layout: Layout) -> dict[str, int]:
-    """All-reduces of the busiest pipeline stage's tensor-parallel group in one micro-batch slot, by kind, as
-    our wrapper sends them (``tensor_parallel``; Megatron-LM's are the same, Shoeybi et al. 2019 §3):
-
-    layers      4 a layer: f and g around attention and around the MLP, one forward and one backward each
-                (2 more forward with full recomputation, which reruns each layer's forward)
-    vocabulary  the embedding's g (forward, first stage) and the head's f (backward, last stage)
-    loss        the vocabulary-parallel cross-entropy's max, sum of exponentials and target logit (forward,
-                last stage)
-
-    The busiest stage is the last (with a pipeline it has the head and the loss, not the embedding)."""
-    if layout.tp == 1:
-        return {"layers": 0, "vocabulary": 0, "loss": 0}
-    layers = stage_layers(cfg, layout) * (4 + 2 * (layout.recompute == "full"))
-    return {"layers": layers, "vocabulary": 2 if layout.pp == 1 else 1, "loss": 3}
-
-
-def tp_collectives(cfg: TransformerConfig, layout: Layout, batch: Batch, v: int = BF16) -> dict[str, tuple[int, float]]:
-    """``tp_collective_counts``, each kind as (all-reduces in one micro-batch slot, bytes of each buffer): the
-    layers' and the vocabulary's b (s/cp) h values of ``v`` bytes; the loss's one fp32 number a token (the
-    wrapper casts the logits to fp32; the shift of ``lm_loss`` drops one token a sequence, left out)."""
-    tokens = layout.micro_batch * batch.seq_len / layout.cp
-    size = {"layers": v * tokens * cfg.d_model, "vocabulary": v * tokens * cfg.d_model, "loss": 4 * tokens}
-    return {kind: (n, size[kind]) for kind, n in tp_collective_counts(cfg, layout).items()}
-
-
-def dp_pieces(cfg: TransformerConfig, layout: Layout, v: int = BF16) -> int:
-    """How many pieces the data-parallel gradients move in: DDP's 25 MiB buckets, or ZeRO's units (each
-    layer of the busiest stage, and the embedding and head together)."""
-    if layout.zero:
-        return stage_layers(cfg, layout) + 1
-    return max(1, math.ceil(v * held_parameters(cfg, layout) / DDP_BUCKET))
-
-
-def dp_collectives(
-    cfg: TransformerConfig, layout: Layout, batch: Batch, v: int = BF16
-) -> dict[str, tuple[str, int, float]]:
-    """The data-parallel group's collectives in one step, as (kind, how many, bytes of each buffer), counted
-    from our wrappers (``data_parallel.DDP``, ``zero.ZeRO``) over ``dp_pieces`` pieces of ``v``-byte gradients:
-
-    "all-reduce"           DDP: one a bucket, after the last micro-batch (``no_sync`` before it)
-    "reduce-scatter"       ZeRO-1: one a unit at the step, of the accumulated gradients; ZeRO-2 and 3: one a
-                           unit in every micro-batch's backward (each micro-batch's gradient goes straight
-                           into the shard), m a unit a step
-    "all-gather"           ZeRO-1/2: one a unit after the step (the updated weights); ZeRO-3: two a unit in
-                           every micro-batch (forward, and backward's regather), 2m a unit a step
-    "gradient norm"        ZeRO: one all-reduce of a 4-byte number (clipping)
-
-    DeepSpeed does the same: its stage 2 reduces each micro-batch's gradients into the partitioned
-    buffer during backward, its stage 1 only at the accumulation boundary (deepspeedai/DeepSpeed PR #338,
-    "Adding gradient accumulation support for ZeRO Stage 2": engine ``allreduce_gradients``, "Zero stage 2
-    communicates during non gradient accumulation boundaries as well")."""
-    if layout.dp * layout.cp == 1:
-        return {}
-    m = batch.sequences // (layout.dp * layout.micro_batch)
-    pieces = dp_pieces(cfg, layout, v)
-    piece = v * held_parameters(cfg, layout) / pieces
-    if not layout.zero:
-        return {"all-reduce": ("all_reduce", pieces, piece)}
-    return {
-        "reduce-scatter": ("reduce_scatter", pieces * (m if layout.zero >= 2 else 1), piece),
-        "all-gather": ("all_gather", pieces * (2 * m if layout.zero >= 3 else 1), piece),
-        "gradient norm": ("all_reduce", 1, 4.0),
-    }
 
 
 def dp_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster, compute: float) -> float:
