@@ -29,7 +29,7 @@ hides, and the outlier columns that LLM.int8 finds at threshold 6 on the calibra
 the features that pass the paper's criterion (>= 6 in >= 25% of the hidden states that feed the attention
 projections and the FFN expansion, and in >= 6% of their positions).
 
-Claims checked (issue #24): int8 within 1 point of fp32 accuracy at <= 1/3.5 of its size, and faster
+The claims it checks: int8 within 1 point of fp32 accuracy at <= 1/3.5 of its size, and faster
 than fp32 on this CPU; a 2:4 mask has 50% sparsity and saves nothing on a CPU (stored dense, run dense).
 Timings on a machine shared with other work are noisy: the load average is printed beside them.
 The last line is the whole table as JSON.
