@@ -212,3 +212,37 @@ def test_our_trainer_runs_and_resumes_exactly_with_it(tmp_path):
     config = TrainConfig(8, checkpoint_dir=tmp_path, progress=False)
     train(resumed, AdamW8bit(resumed.parameters(), lr=3e-3), lambda i: DATA, loss_fn, config, resume=True)
     assert all(torch.equal(p, q) for p, q in zip(straight.parameters(), resumed.parameters()))
+
+
+def test_state_of_another_block_size_is_refused_before_anything_changes(tmp_path):
+    """2048 and 2400 give the same number of blocks for 10,000 elements: only the recorded size tells them apart."""
+    weight = torch.nn.Parameter(torch.randn(10_000))
+    saving = AdamW8bit([weight], block_size=2048, min_8bit_size=0)
+    weight.grad = torch.randn(10_000)
+    saving.step()
+    saved = copy.deepcopy(saving.state_dict())
+    assert saved["state"][0]["block_size"] == 2048
+    loading = AdamW8bit([weight], block_size=2400, min_8bit_size=0)
+    with pytest.raises(ValueError, match="quantized in blocks of 2048 elements.*block_size=2400.*block_size=2048"):
+        loading.load_state_dict(saved)
+    assert not loading.state  # nothing loaded
+    del saved["state"][0]["block_size"]  # state saved before the size was recorded: the block count is checked
+    with pytest.raises(ValueError, match="has 5 blocks for 10000 elements, block_size=1000 makes 10"):
+        AdamW8bit([weight], block_size=1000, min_8bit_size=0).load_state_dict(saved)
+    with pytest.warns(UserWarning, match="records no block_size: not checked"):
+        AdamW8bit([weight], block_size=2400, min_8bit_size=0).load_state_dict(saved)  # 5 blocks either way
+
+    # and through a checkpoint: resuming with another block size is an error, not 20% off second moments
+    loss_fn = lambda m, batch: lm_loss(m(batch), batch)
+    first = _model()
+    train(
+        first,
+        AdamW8bit(first.parameters(), block_size=2048),
+        lambda i: DATA,
+        loss_fn,
+        TrainConfig(2, checkpoint_dir=tmp_path, progress=False),
+    )
+    other = _model()
+    with pytest.raises(ValueError, match="quantized in blocks of 2048 elements"):
+        config = TrainConfig(4, checkpoint_dir=tmp_path, progress=False)
+        train(other, AdamW8bit(other.parameters(), block_size=2400), lambda i: DATA, loss_fn, config, resume=True)

@@ -39,6 +39,7 @@ states in blocks of 256 elements, not the paper's 2048).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -109,7 +110,9 @@ class AdamW8bit(torch.optim.Optimizer):
 
     State of a parameter with at least ``min_8bit_size`` elements: ``step``, ``exp_avg_codes`` and
     ``exp_avg_sq_codes`` (uint8, the parameter's shape), ``exp_avg_absmax`` and ``exp_avg_sq_absmax``
-    (fp32, one per block). Smaller parameters keep fp32 ``exp_avg`` and ``exp_avg_sq`` as in AdamW.
+    (fp32, one per block), and the ``block_size`` they were quantized with: state saved with another
+    block size is refused on loading (its absmax would scale the wrong elements). Smaller parameters
+    keep fp32 ``exp_avg`` and ``exp_avg_sq`` as in AdamW.
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class AdamW8bit(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
             return
+        state["block_size"] = self.block_size
         zero = torch.zeros_like(p, dtype=torch.float32)
         for name, code in zip(("exp_avg", "exp_avg_sq"), self._maps(p.device)):
             state[f"{name}_codes"], state[f"{name}_absmax"] = quantize_blockwise(zero, code, self.block_size)
@@ -195,7 +199,25 @@ class AdamW8bit(torch.optim.Optimizer):
 
         torch casts every state tensor except ``step`` to the parameter's dtype (right for fp32
         moments, wrong for indices and scales): put back a copy of the saved tensors as they were.
+        State quantized with another ``block_size`` is refused before anything changes.
         """
+        for i, saved in state_dict["state"].items():
+            if "exp_avg_codes" not in saved:
+                continue
+            blocks, n, n_absmax = saved.get("block_size"), saved["exp_avg_codes"].numel(), len(saved["exp_avg_absmax"])
+            if blocks is None:  # saved before the block size was recorded: the number of blocks is all there is
+                if n_absmax != math.ceil(n / self.block_size):
+                    raise ValueError(
+                        f"the 8-bit state of parameter {i} has {n_absmax} blocks for {n} elements, block_size="
+                        f"{self.block_size} makes {math.ceil(n / self.block_size)}: it was quantized with another one"
+                    )
+                warnings.warn(f"the 8-bit state of parameter {i} records no block_size: not checked", stacklevel=2)
+            elif blocks != self.block_size:
+                raise ValueError(
+                    f"the 8-bit state of parameter {i} was quantized in blocks of {blocks} elements, this AdamW8bit "
+                    f"uses block_size={self.block_size}: its absmax values would scale the wrong elements; build the "
+                    f"optimizer with block_size={blocks} to load it"
+                )
         super().load_state_dict(state_dict)
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
