@@ -45,6 +45,8 @@ def chunk_pairs(documents: list[str], m: int) -> tuple[torch.Tensor, torch.Tenso
 
     Consecutive rows overlap by m, so every byte after a document's first chunk is the second half of
     exactly one row."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"chunk length m must be a positive int (bytes per chunk), got {m!r}")
     values, docs = [], []
     for d, text in enumerate(documents):
         ids = encode_bytes(text)
@@ -136,12 +138,44 @@ class ChunkStore:
         self.values = torch.cat([self.values, values.to(torch.uint8)])
         self.doc_ids = torch.cat([self.doc_ids, docs + offset])
 
+    def neighbour_ids(self, keys: torch.Tensor, k: int, exclude_docs: torch.Tensor | None = None) -> torch.Tensor:
+        """(n, k) entry numbers of the nearest entries, best first; ``exclude_docs`` (n,) skips the entries of
+        that document however many of the nearest they are. A slot with nothing to fill it is -1 (as in FAISS):
+        the store holds fewer than k entries outside the document, or an IVF index's probed lists do."""
+        n, depth = len(keys), min(k if exclude_docs is None else 5 * k, len(self))  # room for own-document hits
+        if exclude_docs is not None and exclude_docs.shape != (n,):
+            raise ValueError(f"exclude_docs must be one document number per key, (n,) = ({n},)")
+        out = torch.full((n, k), -1, dtype=torch.long)  # (n, k)
+        todo = torch.arange(n)  # the rows still searched for
+        while len(todo):
+            _, ids = self.index.search(keys[todo], depth)  # (r, depth), -1 where the index found nothing
+            allowed = ids >= 0
+            if exclude_docs is not None:
+                allowed &= self.doc_ids[ids.clamp_min(0)] != exclude_docs[todo].unsqueeze(1)
+            order = torch.sort((~allowed).int(), dim=1, stable=True).indices[:, :k]  # allowed hits first, ranks kept
+            out[todo, : order.shape[1]] = torch.where(allowed.gather(1, order), ids.gather(1, order), -1)
+            # too many hits excluded: search deeper, unless the store is exhausted or the index returned all it
+            # can see (an IVF index's probed lists hold fewer than depth entries: deeper finds nothing more)
+            short = (allowed.sum(1) < k) & (ids >= 0).all(1)
+            if depth == len(self) or not short.any():
+                break
+            todo, depth = todo[short], min(2 * depth, len(self))
+        return out
+
     def search(self, keys: torch.Tensor, k: int, exclude_docs: torch.Tensor | None = None) -> torch.Tensor:
-        """(n, k, 2m) neighbour tokens, best first; ``exclude_docs`` (n,) skips entries of that document."""
-        extra = 0 if exclude_docs is None else 4 * k  # room to drop same-document hits
-        _, ids = self.index.search(keys, min(k + extra, len(self)))  # (n, k + extra)
-        if exclude_docs is not None:
-            bad = (self.doc_ids[ids.clamp_min(0)] == exclude_docs.unsqueeze(1)) | (ids < 0)
-            order = torch.sort(bad.int(), dim=1, stable=True).indices  # allowed hits first, ranks kept
-            ids = ids.gather(1, order)
-        return self.values[ids[:, :k].clamp_min(0)].long()  # (n, k, 2m)
+        """(n, k, 2m) neighbour tokens, best first; ``exclude_docs`` (n,) skips entries of that document.
+
+        Every key must find k neighbours: tokens have no "missing" value, and a made-up neighbour would be
+        trained on as if retrieved. ``neighbour_ids`` shows which slots are empty (-1)."""
+        ids = self.neighbour_ids(keys, k, exclude_docs)  # (n, k)
+        missing = ids < 0
+        if missing.any():
+            row = int(missing.any(1).nonzero()[0])
+            nprobe = getattr(self.index, "nprobe", None)
+            hint = f"raise the IVF index's nprobe (now {nprobe}) or " if nprobe is not None else ""
+            raise ValueError(
+                f"{int(missing.any(1).sum())} of {len(ids)} keys found fewer than k={k} neighbours "
+                f"{'outside their own document ' if exclude_docs is not None else ''}(the first is key {row}, "
+                f"with {int((~missing[row]).sum())}): {hint}lower k, or add documents to the store"
+            )
+        return self.values[ids].long()  # (n, k, 2m)

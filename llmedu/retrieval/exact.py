@@ -9,7 +9,7 @@ The cost is n * d multiply-adds per query: exact search is the oracle of every a
 here, and the baseline that IVF and PQ exist to beat. Queries go in blocks so that the (block, n)
 score matrix stays small whatever n is.
 
-The checks every index shares (a 2-D float matrix of the right width, 1 <= k <= stored vectors)
+The checks every index shares (a 2-D float matrix of the right width and finite values, 1 <= k <= stored vectors)
 live here as ``check_vectors`` and ``check_k``.
 
 Left out: FAISS's BLAS/SIMD kernels and its heap-based top-k for small k; removal by id.
@@ -43,6 +43,12 @@ def check_vectors(x, d: int, name: str = "vectors") -> torch.Tensor:
     x = as_matrix(x, name)
     if x.shape[1] != d:
         raise ValueError(f"dimension mismatch: the index holds {d}-dimensional vectors, {name} have {x.shape[1]}")
+    bad = ~torch.isfinite(x).all(dim=1)  # (n,): a NaN scores above every real vector in a top-k, inf too
+    if bad.any():
+        raise ValueError(
+            f"{name} hold NaN or inf in {int(bad.sum())} of {len(x)} rows (the first is row {int(bad.nonzero()[0])}): "
+            "such a vector would be the nearest (or farthest) of every query; drop or fix those rows first"
+        )
     return x
 
 
@@ -67,6 +73,8 @@ class FlatIndex:
             raise ValueError(f"d must be a positive int, got {d!r}")
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block (queries scored at once) must be a positive int, got {block!r}")
         self.d, self.metric, self.block = d, metric, block
         self.vectors = torch.empty(0, d)  # (n, d)
         self.norms = torch.empty(0)  # (n,) squared norms, for l2

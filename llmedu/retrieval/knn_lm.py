@@ -55,12 +55,23 @@ def build_datastore(
     return torch.cat(keys).float(), torch.cat(values)
 
 
+def _check_values(values: torch.Tensor, vocab_size: int) -> None:
+    """Every value is a token id of the LM's vocabulary (else scatter_add fails with a bare index error)."""
+    if values.numel() and (values.min() < 0 or values.max() >= vocab_size):
+        bad = int(values.min()) if values.min() < 0 else int(values.max())
+        raise ValueError(
+            f"datastore value {bad} is not a token id of the vocabulary of {vocab_size} (ids 0..{vocab_size - 1}): "
+            "the values must be the next tokens of the same tokenizer as the LM"
+        )
+
+
 def knn_log_probs(distances: torch.Tensor, values: torch.Tensor, vocab_size: int, temperature: float = 1.0):
     """log p_kNN (N, vocab) from the neighbours' squared distances and values, each (N, k) (eq. 2)."""
     if distances.shape != values.shape:
         raise ValueError(f"distances {tuple(distances.shape)} and values {tuple(values.shape)} must match")
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
+    _check_values(values, vocab_size)
     weights = torch.softmax(-distances / temperature, dim=-1).nan_to_num(0.0)  # (N, k); a row with no neighbour: 0
     p = torch.zeros(len(values), vocab_size).scatter_add_(1, values.long(), weights)  # (N, vocab)
     return p.log()  # -inf for a token no neighbour voted for
@@ -83,6 +94,7 @@ class KNNLM:
             raise ValueError("kNN-LM scores neighbours by squared L2 distance: build the index with metric='l2'")
         if index.ntotal != len(values):
             raise ValueError(f"the index holds {index.ntotal} keys but there are {len(values)} values")
+        _check_values(values, model.config.vocab_size)
         self.model, self.index, self.values = model, index, values
         self.k, self.temperature = k, temperature
 
