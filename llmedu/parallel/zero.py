@@ -67,38 +67,6 @@ from .zero_unit import Holders, ZeROUnit, assign_parameters
 
 __all__ = ["ZeRO", "ELEMENTWISE_OPTIMIZERS"]
 
-# An optimizer can be sharded by elements only if each element's update reads nothing but that
-# element's parameter, gradient and state. These do; LBFGS (a line search over the whole vector),
-# Adafactor-like factored moments, Shampoo, or 8-bit Adam's block-wise scales (llmedu.optim.AdamW8bit) do not.
-ELEMENTWISE_OPTIMIZERS = (
-    torch.optim.SGD,
-    torch.optim.Adam,
-    torch.optim.AdamW,
-    torch.optim.Adamax,
-    torch.optim.Adagrad,
-    torch.optim.RMSprop,
-    torch.optim.NAdam,
-    torch.optim.RAdam,
-    adamw.AdamW,  # ours, from scratch (llmedu.optim)
-)
-
-
-class _ShardedUnit(torch.autograd.Function):
-    """Forward: the unit's full flat parameters. Backward: reduce-scatter their gradient to the shard."""
-
-    @staticmethod
-    def forward(ctx, shard: torch.Tensor, unit: ZeROUnit) -> torch.Tensor:
-        ctx.unit = unit
-        if unit.stage == 3:
-            return unit.full()  # (N·S,) all-gathered from every rank's shard
-        return unit.flat.view_as(unit.flat)  # stage 2: the persistent full copy
-
-    @staticmethod
-    def backward(ctx, grad_flat: torch.Tensor):  # (N·S,) this rank's gradient of the full buffer
-        unit = ctx.unit
-        unit.release()  # every user of the unit's parameters has run its backward
-        return unit.reduce_scatter(grad_flat), None  # autograd adds it to shard.grad (accumulation)
-
 
 class ZeRO(nn.Module):
     """Wrap ``module`` for ZeRO ``stage`` 1, 2 or 3; own its parameters and its optimizer.
@@ -130,34 +98,15 @@ class ZeRO(nn.Module):
         **optimizer_kwargs,
     ):
         super().__init__()
-        if stage not in (1, 2, 3):
-            raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain DDP)")
-        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS)):
-            raise TypeError(
-                f"cannot shard {getattr(optimizer_class, '__name__', optimizer_class)!r}: ZeRO splits every tensor "
-                "across ranks, so each element's update must depend on that element alone; pass an optimizer class "
-                f"among {[f'{c.__module__}.{c.__name__}' for c in ELEMENTWISE_OPTIMIZERS]}"
-            )
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "ZeRO needs torch.distributed initialised (run it under llmedu.parallel.launch or torchrun)"
-            )
-        if max_grad_norm is not None and max_grad_norm <= 0:
-            raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm!r}")
+        _check_arguments(stage, optimizer_class, max_grad_norm, host)  # (at the end of the file)
         self.module, self.stage, self.max_grad_norm, self.prefetch = module, stage, max_grad_norm, prefetch
         self.group, self.dtype = group, compute_dtype
-        if host is not None and stage != 2:
-            raise ValueError(f"the optimizer can be offloaded with stage 2 only (ZeRO-Offload), got stage {stage}")
         self.host = None if host is None else torch.device(host)  # master shards + optimizer live here
         if units is None:
             units = [c for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
         modules = [*units, module]  # the root last
         self.units = [self._make_unit(m, params) for m, params in zip(modules, assign_parameters(modules)) if params]
-        if not self.units:
-            raise ValueError(
-                "nothing to train: every parameter of the module is frozen (requires_grad=False), or it has none; "
-                "ZeRO shards the trainable parameters and their optimizer state"
-            )
+        _check_something_to_train(self.units)
         self.frozen = [p for p in module.parameters() if not p.requires_grad]  # left in their modules, whole
         for p in self.frozen:  # one copy per rank, the same on all, in the dtype the computation runs in
             if p.is_floating_point():
@@ -183,17 +132,7 @@ class ZeRO(nn.Module):
 
     # -- forward: hand each submodule views of its unit's full buffer ---------------------------
     def _before_forward(self, unit: ZeROUnit) -> None:
-        for owner, name in unit.attributes:
-            if name in owner._parameters:
-                raise RuntimeError(
-                    f"{type(owner).__name__}.{name} was replaced by a new parameter outside ZeRO: the wrapper owns "
-                    "the parameters; change them through it (or wrap the model again)"
-                )
-        if unit.versions_now() != unit.version:
-            raise RuntimeError(
-                "parameters were changed in place outside ZeRO (not by its step()): every rank's shard would "
-                "disagree with the full copy; change them before wrapping, or through zero.shards"
-            )
+        _check_untouched(unit)  # nobody changed the parameters behind the wrapper's back
         if self.stage == 1:
             flat = unit.flat  # (N·S,) a leaf: its .grad is the full gradient
         elif torch.is_grad_enabled():
@@ -245,11 +184,8 @@ class ZeRO(nn.Module):
         Returns the global gradient norm (before clipping).
         """
         for unit in self.units:
-            if unit.versions_now() != unit.version:
-                raise RuntimeError("parameters were changed in place outside ZeRO since its last step")
+            _check_ready_to_step(unit)
             if self.stage == 1:
-                if unit.flat.grad is None:
-                    raise RuntimeError("step() before any backward(): there is no gradient to apply")
                 own = unit.reduce_scatter(unit.flat.grad)  # (S,) fp32: a rank needs only its shard
                 if self.dtype == torch.float32:  # ... and may keep it in the full buffer's slice
                     own = unit.own(unit.flat.grad).copy_(own)
@@ -296,3 +232,84 @@ class ZeRO(nn.Module):
         for name, p in self.module.named_parameters(remove_duplicate=False):  # what is left: the frozen ones
             out[name] = p.detach().float().clone()
         return out
+
+
+class _ShardedUnit(torch.autograd.Function):
+    """Forward: the unit's full flat parameters. Backward: reduce-scatter their gradient to the shard."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, unit: ZeROUnit) -> torch.Tensor:
+        ctx.unit = unit
+        if unit.stage == 3:
+            return unit.full()  # (N·S,) all-gathered from every rank's shard
+        return unit.flat.view_as(unit.flat)  # stage 2: the persistent full copy
+
+    @staticmethod
+    def backward(ctx, grad_flat: torch.Tensor):  # (N·S,) this rank's gradient of the full buffer
+        unit = ctx.unit
+        unit.release()  # every user of the unit's parameters has run its backward
+        return unit.reduce_scatter(grad_flat), None  # autograd adds it to shard.grad (accumulation)
+
+
+# -- the checks, kept out of the way of the algorithm above ------------------------------------------
+# An optimizer can be sharded by elements only if each element's update reads nothing but that
+# element's parameter, gradient and state. These do; LBFGS (a line search over the whole vector),
+# Adafactor-like factored moments, Shampoo, or 8-bit Adam's block-wise scales (llmedu.optim.AdamW8bit) do not.
+ELEMENTWISE_OPTIMIZERS = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    adamw.AdamW,  # ours, from scratch (llmedu.optim)
+)
+
+
+def _check_arguments(stage: int, optimizer_class: type, max_grad_norm: float | None, host) -> None:
+    if stage not in (1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r} (stage 0 is plain DDP)")
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS)):
+        raise TypeError(
+            f"cannot shard {getattr(optimizer_class, '__name__', optimizer_class)!r}: ZeRO splits every tensor "
+            "across ranks, so each element's update must depend on that element alone; pass an optimizer class "
+            f"among {[f'{c.__module__}.{c.__name__}' for c in ELEMENTWISE_OPTIMIZERS]}"
+        )
+    if not dist.is_initialized():
+        raise RuntimeError("ZeRO needs torch.distributed initialised (run it under llmedu.parallel.launch or torchrun)")
+    if max_grad_norm is not None and max_grad_norm <= 0:
+        raise ValueError(f"max_grad_norm must be positive, got {max_grad_norm!r}")
+    if host is not None and stage != 2:
+        raise ValueError(f"the optimizer can be offloaded with stage 2 only (ZeRO-Offload), got stage {stage}")
+
+
+def _check_something_to_train(units: list[ZeROUnit]) -> None:
+    if not units:
+        raise ValueError(
+            "nothing to train: every parameter of the module is frozen (requires_grad=False), or it has none; "
+            "ZeRO shards the trainable parameters and their optimizer state"
+        )
+
+
+def _check_untouched(unit: ZeROUnit) -> None:
+    """Before a forward: the unit's parameters were neither replaced nor changed in place outside ZeRO."""
+    for owner, name in unit.attributes:
+        if name in owner._parameters:
+            raise RuntimeError(
+                f"{type(owner).__name__}.{name} was replaced by a new parameter outside ZeRO: the wrapper owns "
+                "the parameters; change them through it (or wrap the model again)"
+            )
+    if unit.versions_now() != unit.version:
+        raise RuntimeError(
+            "parameters were changed in place outside ZeRO (not by its step()): every rank's shard would "
+            "disagree with the full copy; change them before wrapping, or through zero.shards"
+        )
+
+
+def _check_ready_to_step(unit: ZeROUnit) -> None:
+    if unit.versions_now() != unit.version:
+        raise RuntimeError("parameters were changed in place outside ZeRO since its last step")
+    if unit.stage == 1 and unit.flat.grad is None:
+        raise RuntimeError("step() before any backward(): there is no gradient to apply")
