@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from llmedu.models.config import TransformerConfig
-from llmedu.models.gpt import CausalLM
+from llmedu.models.gpt import CausalLM, lm_loss
+from llmedu.train.checkpoint import CheckpointError
 from llmedu.train.fp8 import (
     FORMATS,
     DelayedScaling,
@@ -18,6 +19,7 @@ from llmedu.train.fp8 import (
     get_format,
 )
 from llmedu.train.fp8_run import compare_precisions
+from llmedu.train.loop import TrainConfig, train
 
 
 # -- the cast -------------------------------------------------------------------------------------
@@ -210,3 +212,44 @@ def test_fp8_training_tracks_fp32():
     assert max(abs(a - b) for a, b in zip(curves["bf16"], curves["fp32"])) < 0.03
     counts = result["fp8_counts"]
     assert counts["grad"]["underflows"] > 0  # step 0 casts dy with scale 1: most of it is below 2**-17
+
+
+# -- faults: resuming, empty batches ----------------------------------------------------------------------
+def test_a_resumed_fp8_run_keeps_its_scaling_state_and_repeats_the_uninterrupted_losses(tmp_path):
+    def setup(seed):
+        torch.manual_seed(seed)
+        model = convert_to_fp8(CausalLM(TransformerConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16)))
+        return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+    batches = lambda i: torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(i))
+    loss_fn = lambda model, ids: lm_loss(model(ids), ids)
+    config = lambda folder, steps: TrainConfig(
+        max_steps=steps, checkpoint_dir=folder, checkpoint_every=3, progress=False
+    )
+    model, opt = setup(0)
+    full = train(model, opt, batches, loss_fn, config(tmp_path / "full", 6))["loss"]
+    model, opt = setup(0)
+    train(model, opt, batches, loss_fn, config(tmp_path / "cut", 3))
+    saved = model.lm_head.input_scaling
+    assert saved.scale != 1.0 and len(saved.history) == 3  # three forward passes recorded
+    model, opt = setup(0)  # fresh scaling states: scale 1, no history
+    resumed = train(model, opt, batches, loss_fn, config(tmp_path / "cut", 6), resume=True)["loss"]
+    assert resumed == full[3:]  # exactly: the scales came back with the weights
+    assert model.lm_head.input_scaling.overflows >= saved.overflows  # the counters carry on too
+
+    other = convert_to_fp8(CausalLM(TransformerConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16)), 8)
+    with pytest.raises(CheckpointError, match="_extra_state is \\(3, 20\\).*\\(3, 12\\)"):
+        train(other, torch.optim.AdamW(other.parameters()), batches, loss_fn, config(tmp_path / "cut", 9), resume=True)
+    with pytest.raises(ValueError, match="does not fit history_len=8.*convert the model with the history_len"):
+        other.lm_head.set_extra_state(model.lm_head.get_extra_state())
+
+
+def test_an_empty_batch_gives_the_empty_result_and_is_no_scaling_step():
+    layer = FP8Linear(8, 4)
+    for shape in [(0, 8), (2, 0, 8)]:
+        x = torch.zeros(shape, requires_grad=True)
+        y = layer(x)
+        assert y.shape == (*shape[:-1], 4) and torch.equal(y, nn.functional.linear(x, layer.weight, layer.bias))
+        y.sum().backward()
+        assert x.grad.shape == x.shape and torch.equal(layer.weight.grad, torch.zeros(4, 8))
+    assert all(s.scale == 1.0 and not s.history for s in layer.scalings().values())  # nothing recorded

@@ -182,6 +182,25 @@ class DelayedScaling:
             self.scale = self.format.max / max(self.history) / 2**self.margin
         return q
 
+    def state(self) -> torch.Tensor:
+        """(4 + history_len,) float64: scale, overflows, underflows, amaxes recorded, then the amaxes oldest
+        first (0 beyond them). A checkpoint needs it: a resumed run must not restart at scale 1."""
+        amaxes = [*self.history] + [0.0] * (self.history.maxlen - len(self.history))
+        head = [self.scale, self.overflows, self.underflows, len(self.history)]
+        return torch.tensor(head + amaxes, dtype=torch.float64)
+
+    def load_state(self, state: torch.Tensor) -> None:
+        """Restore what ``state`` returned (same ``history_len``)."""
+        if state.shape != (4 + self.history.maxlen,):
+            raise ValueError(
+                f"fp8 scaling state of shape {tuple(state.shape)} does not fit history_len={self.history.maxlen} "
+                f"(expected ({4 + self.history.maxlen},)): convert the model with the history_len it was saved with"
+            )
+        scale, overflows, underflows, n, *amaxes = state.tolist()
+        self.scale, self.overflows, self.underflows = scale, int(overflows), int(underflows)
+        self.history.clear()
+        self.history.extend(amaxes[: int(n)])
+
 
 # -- the fp8 matmul and linear layer --------------------------------------------------------------
 def _fp8_tensor_cores(device: torch.device) -> bool:
@@ -236,7 +255,11 @@ class FP8Linear(nn.Linear):
 
     The parameters are ordinary fp32 ``nn.Parameter``s: the optimizer updates them in fp32 and each
     forward pass re-quantizes them. It is still an ``nn.Linear``, so code that looks for those finds it.
-    Every forward call is a step of its scaling states, evaluation passes included.
+    Every forward call is a step of its scaling states, evaluation passes included. Those states are
+    part of the state dict (``_extra_state``: a (3, 4 + history_len) float64 tensor, input/weight/grad),
+    so a checkpoint resumes with the scales it stopped at. An empty input (no rows: an MoE expert that
+    got no tokens) gives the empty output of ``nn.Linear``, exactly, and is no step of the scaling
+    states: it has no amax to record, and zero rows need no rounding.
     """
 
     def __init__(
@@ -261,7 +284,20 @@ class FP8Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # (..., 0 rows or 0 features): nothing to scale; gradients to W and b are zero
+            return nn.functional.linear(x, self.weight, self.bias)
         return _FP8LinearFunction.apply(x, self.weight, self.bias, self)
+
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.stack([scaling.state() for scaling in self.scalings().values()])  # (3, 4 + history_len)
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        if state.shape[0] != 3:
+            raise ValueError(
+                f"FP8Linear scaling state must have 3 rows (input, weight, grad), got {tuple(state.shape)}"
+            )
+        for scaling, row in zip(self.scalings().values(), state):
+            scaling.load_state(row)
 
     def scalings(self) -> dict[str, DelayedScaling]:
         return {"input": self.input_scaling, "weight": self.weight_scaling, "grad": self.grad_scaling}
