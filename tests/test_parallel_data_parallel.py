@@ -197,3 +197,58 @@ def _mixed_dtypes() -> str:
 def test_ddp_refuses_gradients_of_two_dtypes():
     for message in launch(_mixed_dtypes, 2, echo=False):
         assert "one gradient dtype" in message and "torch.float64" in message
+
+
+def _timed_and_untimed() -> dict:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    models = {
+        "ddp": DDP(_mlp(0), bucket_mb=1500 / 2**20),
+        "ddp untimed": DDP(_mlp(0), bucket_mb=1500 / 2**20, timed=False),
+        "naive": NaiveDataParallel(_mlp(0)),
+        "naive untimed": NaiveDataParallel(_mlp(0), timed=False),
+    }
+    optims = {name: torch.optim.SGD(m.parameters(), lr=0.1) for name, m in models.items()}
+    for x, y in _batches()[:2]:
+        for name, model in models.items():
+            optims[name].zero_grad()
+            nn.MSELoss()(model(x.chunk(n)[rank]), y.chunk(n)[rank]).backward()
+            if name.startswith("ddp"):
+                model.finish_gradient_sync()
+                optims[name].step()
+            else:
+                model.step(optims[name])
+    return {
+        "labels": {name: [e["label"] for e in m.log.events] for name, m in models.items()},
+        "ddp timed = untimed": _max_diff(models["ddp"], models["ddp untimed"]),
+        "naive timed = untimed": _max_diff(models["naive"], models["naive untimed"]),
+        "buckets": len(models["ddp"].buckets),
+    }
+
+
+def test_timing_is_optional_and_changes_nothing_it_times():
+    """The spans are recorded by hooks beside the algorithm: timed=False records none and trains the same."""
+    for rank, res in enumerate(launch(_timed_and_untimed, 2, echo=False)):
+        assert res["ddp timed = untimed"] == 0.0 and res["naive timed = untimed"] == 0.0
+        assert res["labels"]["ddp untimed"] == [] and res["labels"]["naive untimed"] == []
+        ddp, naive = res["labels"]["ddp"], res["labels"]["naive"]
+        b = res["buckets"]
+        step = ["forward"] + [f"{kind}: bucket {i}" for i in range(b) for kind in ("backward", "all-reduce")]
+        assert sorted(ddp) == sorted(step * 2)  # (an all-reduce's span is logged when it completes)
+        naive_step = ["forward", "backward", "gather gradients"]
+        naive_step += ["optimizer step"] if rank == 0 else []
+        assert naive == (naive_step + ["broadcast parameters"]) * 2
+
+
+def test_the_algorithm_methods_do_no_timing():
+    """What a student reads in lesson 10 (llmedu.show) is the algorithm alone: no log calls inside it."""
+    import inspect
+
+    for method in (
+        NaiveDataParallel.step,
+        NaiveDataParallel._gather_gradients,
+        DDP._grad_ready,
+        DDP._launch,
+        DDP.finish_gradient_sync,
+        DDP.forward,
+    ):
+        assert "log" not in inspect.getsource(method), method.__qualname__

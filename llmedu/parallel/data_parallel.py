@@ -19,18 +19,17 @@ backward goes on computing the gradients of earlier layers. ``finish_gradient_sy
 for the last all-reduces before ``optimizer.step()``; ``no_sync()`` skips communication for
 gradient accumulation.
 
-Both wrappers first check that every rank holds the same model (``check_same_model``): the
-broadcast pairs tensors by position only, and would otherwise mix mismatched ones silently.
-
-Both wrappers log compute and communication spans (seconds since the log was started) for the
-per-rank timeline in ``llmedu.viz.timeline``.
-
 Each bucket is one flat buffer, and every ``.grad`` is a view into it (torch's
 ``gradient_as_bucket_view=True``): the all-reduce averages the gradients where they are, with no copy
 in or out. When ``zero_grad()`` has set a ``.grad`` to None (its default), autograd hands the hook a
 fresh tensor; the hook copies it into the bucket once and makes ``.grad`` the view again, as torch's
 reducer does. ``zero_grad(set_to_none=False)`` zeroes the views in place, and backward then
 accumulates straight into the buckets: no copy at all.
+
+Below the algorithm, out of its way: ``check_same_model`` (every rank must hold the same model, since
+the broadcast pairs tensors by position alone), and the timing that fills each wrapper's ``log`` with
+spans of compute and communication for the per-rank timelines of ``llmedu.viz.timeline``
+(``timed=False`` leaves it out).
 
 Left out: unused-parameter detection (we raise instead), rebuilding the buckets in the observed
 order after the first step, gradient compression hooks, mixed-precision all-reduce.
@@ -46,101 +45,63 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .events import EventLog
+from .events import EventLog, hidden_communication
 
 __all__ = ["NaiveDataParallel", "DDP", "assign_buckets", "check_same_model", "hidden_communication"]
 
 
-def check_same_model(module: nn.Module) -> None:
-    """Raise on every rank unless all ranks hold tensors of the same names, shapes and dtypes.
-
-    The broadcast and the all-reduces pair tensors up by position alone: a ``Linear(4, 2)`` on
-    one rank and a ``Linear(6, 2)`` on another would exchange garbage without a word. Each rank
-    sends a small signature of its model to all (as torch's DDP does at construction), so all
-    ranks see the same difference and raise together instead of waiting for one another.
-    """
-    mine = [
-        (kind, name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.requires_grad)
-        for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers()))
-        for name, t in named
-    ]
-    everyone: list[list[tuple] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    for rank, theirs in enumerate(everyone[1:], start=1):
-        for index, (first, other) in enumerate(zip_longest(everyone[0], theirs)):  # None past the end
-            if first != other:
-                raise RuntimeError(
-                    "the ranks hold different models (data parallelism needs the same on every rank): "
-                    f"tensor #{index} is {_describe(first)} on rank 0 but {_describe(other)} on rank {rank}"
-                )
-
-
-def _describe(entry: tuple | None) -> str:
-    if entry is None:
-        return "missing"
-    kind, name, shape, dtype, requires_grad = entry
-    return f"{kind} {name!r} of shape {shape}, {dtype}{'' if requires_grad or kind == 'buffer' else ', frozen'}"
-
-
 class _DataParallel(nn.Module):
-    """What both wrappers share: equal parameters at the start, a logged forward."""
+    """What both wrappers share: the same parameters on every rank at the start."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, timed: bool):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("data parallelism needs torch.distributed initialised (use llmedu.parallel.launch)")
         self.module = module
-        self.log = EventLog()
         self.world_size = dist.get_world_size()
         check_same_model(module)  # before the broadcast, which would pair up mismatched tensors
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0)  # rank 0's initialisation wins everywhere
-        self._backward_start = 0.0
+        self.log = EventLog()  # spans of compute and communication: empty unless timed
+        if timed:
+            _record_spans(self)
 
     def forward(self, *args, **kwargs):
-        with self.log.span("compute", "forward"):
-            out = self.module(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(self._mark_backward_start)  # runs when backward reaches the output
-        return out
-
-    def _mark_backward_start(self, grad: torch.Tensor) -> None:
-        self._backward_start = self.log.now()
+        return self.module(*args, **kwargs)
 
 
 class NaiveDataParallel(_DataParallel):
     """Gradients gathered on rank 0, the step taken there, the new parameters broadcast."""
 
-    def __init__(self, module: nn.Module):
-        super().__init__(module)
-        self._last_grad = 0.0
-        for p in module.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def _grad_ready(self, param: nn.Parameter) -> None:
-        self._last_grad = self.log.now()
+    def __init__(self, module: nn.Module, *, timed: bool = True):
+        super().__init__(module, timed)
 
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Call after ``loss.backward()`` instead of ``optimizer.step()`` (only rank 0's steps)."""
-        log, rank, n = self.log, dist.get_rank(), self.world_size
-        log.add("compute", "backward", self._backward_start, self._last_grad)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        with log.span("comm", "gather gradients"):
-            for p in params:
-                if p.grad is None:
-                    raise RuntimeError(f"a parameter of shape {tuple(p.shape)} got no gradient in backward")
-                pieces = [torch.empty_like(p.grad) for _ in range(n)] if rank == 0 else None
-                dist.gather(p.grad, pieces, dst=0)  # rank 0 holds N copies of every gradient
-                if rank == 0:
-                    p.grad.copy_(torch.stack(pieces).mean(dim=0))
-        if rank == 0:
-            with log.span("compute", "optimizer step"):
-                optimizer.step()
-        with log.span("comm", "broadcast parameters"):
-            for p in params:
+        self._gather_gradients()
+        if dist.get_rank() == 0:
+            optimizer.step()
+        self._broadcast_parameters()
+
+    def _gather_gradients(self) -> None:
+        """Rank 0 receives every rank's gradients and keeps their mean in its ``.grad``."""
+        rank, n = dist.get_rank(), self.world_size
+        for p in self.module.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:
+                raise RuntimeError(f"a parameter of shape {tuple(p.shape)} got no gradient in backward")
+            pieces = [torch.empty_like(p.grad) for _ in range(n)] if rank == 0 else None
+            dist.gather(p.grad, pieces, dst=0)  # rank 0 holds N copies of every gradient
+            if rank == 0:
+                p.grad.copy_(torch.stack(pieces).mean(dim=0))
+
+    def _broadcast_parameters(self) -> None:
+        """Every rank receives rank 0's new parameters."""
+        for p in self.module.parameters():
+            if p.requires_grad:
                 dist.broadcast(p, src=0)
 
 
@@ -169,8 +130,8 @@ class DDP(_DataParallel):
     ``p.grad`` a view into it, so the gradients are averaged in place.
     """
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
-        super().__init__(module)
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, *, timed: bool = True):
+        super().__init__(module, timed)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._names = {id(p): name for name, p in module.named_parameters()}
         dtypes = {p.dtype for p in self.params}
@@ -237,18 +198,9 @@ class DDP(_DataParallel):
 
     @torch.no_grad()
     def _launch(self, b: int) -> None:
-        log = self.log
-        start = log.now()
-        log.add("compute", f"backward: bucket {b}", self._backward_start, start)
-        self._backward_start = start  # the next bucket's gradients are computed from here on
         flat = self.flat[b].div_(self.world_size)  # (bucket numel,): the .grad views, averaged in place
-        work = dist.all_reduce(flat, async_op=True)
-        # the callback runs on the communication thread when the all-reduce completes; waiting for
-        # the future it returns (in finish_gradient_sync) also waits for the event to be logged.
-        # The span runs from launch to completion: it includes time queued behind earlier buckets and
-        # time waiting for the other ranks to launch the same bucket.
-        done = work.get_future().then(lambda _: log.add("comm", f"all-reduce: bucket {b}", start, log.now()))
-        self._pending.append(done)
+        work = dist.all_reduce(flat, async_op=True)  # returns at once; backward goes on meanwhile
+        self._pending.append(work.get_future())
 
     @torch.no_grad()
     def finish_gradient_sync(self) -> None:
@@ -267,16 +219,94 @@ class DDP(_DataParallel):
         self._reset()
 
 
-def hidden_communication(events: list[dict]) -> float:
-    """The fraction of communication time during which the same rank was also computing.
+# -- the guard: the same model on every rank ------------------------------------------------------------
+def check_same_model(module: nn.Module) -> None:
+    """Raise on every rank unless all ranks hold tensors of the same names, shapes and dtypes.
 
-    0 means every all-reduce waited for backward to finish; 1 means all of it was hidden.
+    The broadcast and the all-reduces pair tensors up by position alone: a ``Linear(4, 2)`` on
+    one rank and a ``Linear(6, 2)`` on another would exchange garbage without a word. Each rank
+    sends a small signature of its model to all (as torch's DDP does at construction), so all
+    ranks see the same difference and raise together instead of waiting for one another.
     """
-    hidden = total = 0.0
-    for c in (e for e in events if e["lane"] == "comm"):
-        total += c["end"] - c["start"]
-        for w in (e for e in events if e["lane"] == "compute" and e["rank"] == c["rank"]):
-            hidden += max(0.0, min(c["end"], w["end"]) - max(c["start"], w["start"]))
-    if total == 0:
-        raise ValueError("no communication events to measure")
-    return hidden / total
+    mine = [
+        (kind, name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.requires_grad)
+        for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers()))
+        for name, t in named
+    ]
+    everyone: list[list[tuple] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        for index, (first, other) in enumerate(zip_longest(everyone[0], theirs)):  # None past the end
+            if first != other:
+                raise RuntimeError(
+                    "the ranks hold different models (data parallelism needs the same on every rank): "
+                    f"tensor #{index} is {_describe(first)} on rank 0 but {_describe(other)} on rank {rank}"
+                )
+
+
+def _describe(entry: tuple | None) -> str:
+    if entry is None:
+        return "missing"
+    kind, name, shape, dtype, requires_grad = entry
+    return f"{kind} {name!r} of shape {shape}, {dtype}{'' if requires_grad or kind == 'buffer' else ', frozen'}"
+
+
+# -- timing for lesson 10's timelines, installed from outside the methods above ---------------------------
+def _record_spans(wrapper: _DataParallel) -> None:
+    """Fill ``wrapper.log`` with spans: forward, backward (per bucket for DDP), and each communication.
+
+    Module and autograd hooks mark when the forward runs and when backward reaches the output; the
+    methods that communicate are wrapped on this one instance, so that each call is logged as a span.
+    A DDP all-reduce's span runs from its launch until the callback on its future: it includes the time
+    queued behind earlier buckets and the time waiting for the other ranks to launch the same bucket.
+    """
+    log = wrapper.log
+    marks = {"forward": 0.0, "backward": 0.0, "last gradient": 0.0}
+
+    def mark(name: str) -> None:
+        marks[name] = log.now()
+
+    def after_forward(module, args, out) -> None:
+        log.add("compute", "forward", marks["forward"], log.now())
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: mark("backward"))  # runs when backward reaches the output
+
+    wrapper.register_forward_pre_hook(lambda module, args: mark("forward"))
+    wrapper.register_forward_hook(after_forward)
+
+    if isinstance(wrapper, DDP):
+        launch = wrapper._launch
+
+        def timed_launch(b: int) -> None:
+            start = log.now()
+            log.add("compute", f"backward: bucket {b}", marks["backward"], start)
+            marks["backward"] = start  # the next bucket's gradients are computed from here on
+            launch(b)
+            # waiting for the chained future (finish_gradient_sync) also waits for the span to be logged
+            done = wrapper._pending[-1].then(lambda _: log.add("comm", f"all-reduce: bucket {b}", start, log.now()))
+            wrapper._pending[-1] = done
+
+        wrapper._launch = timed_launch
+        return
+
+    gather, broadcast, step = wrapper._gather_gradients, wrapper._broadcast_parameters, wrapper.step
+    for p in wrapper.module.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda p: mark("last gradient"))
+
+    def timed_step(optimizer: torch.optim.Optimizer) -> None:
+        log.add("compute", "backward", marks["backward"], marks["last gradient"])
+        step(optimizer)
+
+    def timed_gather() -> None:
+        with log.span("comm", "gather gradients"):
+            gather()
+        mark("gathered")
+
+    def timed_broadcast() -> None:
+        if dist.get_rank() == 0:  # between the gather and the broadcast, rank 0 stepped the optimizer
+            log.add("compute", "optimizer step", marks["gathered"], log.now())
+        with log.span("comm", "broadcast parameters"):
+            broadcast()
+
+    wrapper.step, wrapper._gather_gradients, wrapper._broadcast_parameters = timed_step, timed_gather, timed_broadcast
