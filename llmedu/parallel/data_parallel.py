@@ -261,7 +261,7 @@ def _record_spans(wrapper: _DataParallel) -> None:
     queued behind earlier buckets and the time waiting for the other ranks to launch the same bucket.
     """
     log = wrapper.log
-    marks = {"forward": 0.0, "backward": 0.0, "last gradient": 0.0}
+    marks = {"forward": 0.0, "backward": 0.0, "last gradient": 0.0, "gathered": 0.0}  # times, as log.now()
 
     def mark(name: str) -> None:
         marks[name] = log.now()
