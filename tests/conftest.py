@@ -65,7 +65,7 @@ def tiny_cramming_run(tmp_path_factory):
 def seed_dependent_scores(monkeypatch):
     """A fine-tune's score read from its weights (a sum), not its accuracy: a tiny model may answer one class
     whatever the seed, which would hide a seed that was not used. Linear probes keep their own accuracy."""
-    import llmedu.cramming.encoders as encoders
+    import llmedu.cramming.studies.encoders as encoders
 
     monkeypatch.setattr(
         encoders, "_accuracy", lambda model, encode, test: sum(p.sum().item() for p in model.parameters())

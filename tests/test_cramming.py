@@ -334,3 +334,110 @@ def test_graders_pass_the_reference_and_fail_a_wrong_answer(capsys):
     assert check_sparse_mlm_loss(mlm_loss_fn(sparse=True))
     assert not check_sparse_mlm_loss(lambda model, batch: mlm_loss_fn(sparse=True)(model, batch) * 1.01)
     assert capsys.readouterr().out.count("FAIL") == 3
+
+
+@pytest.mark.parametrize("damage", ["a flipped byte in its tensors", "its state.json cut short"])
+def test_a_resume_past_a_damaged_newest_checkpoint_reads_everything_from_the_one_before(tmp_path, damage):
+    """The newest checkpoint damaged: the resume takes its clock, step, position and weights from the one before
+    (the damaged one moved aside), recomputes the lost steps exactly, and leaves a run that fine-tunes and resumes."""
+    run = PretrainRun(TINY, budget_seconds=None, max_steps=6, corpora=["kjv"], max_chars=MAX_CHARS)
+    settings = dict(checkpoint_every=2, eval_batches=1, **QUIET)
+    whole = pretrain(tmp_path / "whole", run, **settings)
+    pretrain(tmp_path / "broken", run, **settings)
+    newest = tmp_path / "broken" / "checkpoints" / "step-000006"
+    if damage.startswith("a flipped"):
+        data = bytearray((newest / ckpt.TENSORS).read_bytes())
+        data[-5] ^= 0xFF  # a byte of the tensors, past the header
+        (newest / ckpt.TENSORS).write_bytes(bytes(data))
+    else:
+        state = (newest / ckpt.STATE).read_text()
+        (newest / ckpt.STATE).write_text(state[: len(state) // 2])
+    with pytest.warns(RuntimeWarning, match="damaged"):
+        resumed = pretrain(tmp_path / "broken", run, resume=True, **settings)
+    assert resumed["steps"] == 6 and resumed["steps_this_run"] == 2  # steps 5 and 6 again, from step 4
+    assert resumed["tokens_seen"] == whole["tokens_seen"] and resumed["passes"] == whole["passes"]
+    assert [s.lr for s in resumed["history"].steps] == [s.lr for s in whole["history"].steps[4:]]
+    assert resumed["train_loss"] == pytest.approx(
+        sum(s.loss for s in whole["history"].steps[4:]) / 2, abs=1e-4
+    )  # the losses of steps 5 and 6 of the unbroken run
+    for name, tensor in _weights(tmp_path / "whole").items():
+        torch.testing.assert_close(_weights(tmp_path / "broken")[name], tensor, rtol=0, atol=0, msg=name)
+    assert finetune(tmp_path / "broken", max_train=64, max_eval=32, progress=False)["steps"] > 0
+    again = pretrain(tmp_path / "broken", run, resume=True, **settings)
+    assert again["steps_this_run"] == 0 and again["tokens_seen"] == whole["tokens_seen"]
+
+
+def test_a_run_json_with_an_unknown_field_or_attention_is_a_clear_error(tmp_path):
+    run = PretrainRun(TINY, budget_seconds=None, max_steps=1, corpora=["kjv"], max_chars=MAX_CHARS)
+    spec = run.to_dict()
+    model = spec["recipe"]["model"]
+    for i, (values, says) in enumerate(
+        [
+            ({**spec, "budget": 5}, r"unknown run fields 'budget'; allowed: recipe, budget_seconds, max_steps"),
+            ({**spec, "recipe": {**spec["recipe"], "lr_peak": 1}}, r"unknown recipe fields 'lr_peak'; allowed: name"),
+            (
+                {**spec, "recipe": {**spec["recipe"], "model": {**model, "d_modle": 64}}},
+                r"unknown model fields 'd_modle'",
+            ),
+            (
+                {**spec, "recipe": {**spec["recipe"], "model": {**model, "attn_impl": "fast"}}},
+                r"unknown attention implementation 'fast'; allowed: .*math, sdpa",
+            ),
+        ]
+    ):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps(values))
+        with pytest.raises(ValueError, match=rf"{i}/run.json: {says}"):
+            load_run(folder)
+        with pytest.raises(ValueError, match=rf"{i}/run.json: {says}"):
+            pretrain(folder, run, resume=True, **QUIET)
+
+
+SIZE_OPTIONS = {  # every size option the capstone's commands take, with the arguments each command requires
+    "pretrain": (["--out", "run"], ["--tokenizer-chars", "--max-chars", "--micro-batch", "--accumulation",
+                                   "--checkpoint-every", "--keep-checkpoints", "--eval-every"]),
+    "finetune": (["--checkpoint", "run"], ["--epochs", "--batch-size", "--max-train", "--max-eval"]),
+    "evaluate": (["--runs", "run", "--out", "e.json"], ["--epochs", "--max-train", "--max-eval", "--max-chars",
+                                                       "--tokenizer-chars", "--eval-every", "--label-sizes"]),
+    "scaling": (["--out", "s.json"], ["--eval-batches", "--max-chars", "--tokenizer-chars"]),
+    "vocab": (["--out", "v.json"], ["--eval-batches", "--max-chars", "--tokenizer-chars", "--probe-max-train",
+                                    "--probe-max-eval"]),
+    "probe-curve": (["--run", "run", "--out", "c.json"], ["--points", "--steps", "--max-train", "--max-eval"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command, option", [(c, o) for c, (_, options) in SIZE_OPTIONS.items() for o in options])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_every_size_option_refuses_zero_and_negatives_naming_itself(command, option, value, capsys):
+    from llmedu.cramming.cli import build_parser
+
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args([command, *SIZE_OPTIONS[command][0], option, value])
+    assert caught.value.code == 2
+    assert f"argument {option}: {option} must be >= 1, got {value}" in capsys.readouterr().err
+
+
+def test_pretrain_with_micro_batch_zero_is_refused_not_run_with_the_default(tmp_path, capsys):
+    """A falsy 0 used to be dropped: the run went ahead at the recipe's micro-batch and exited 0."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--micro-batch", "0", "--max-steps", "1", "--shape", "tiny", "--max-chars", "20000",
+              "--tokenizer-chars", "30000", "--out", str(out)])  # fmt: skip
+    assert "--micro-batch must be >= 1, got 0" in capsys.readouterr().err and not out.exists()
+
+
+def test_every_command_shows_examples_the_first_about_a_minute(capsys):
+    from llmedu.cramming.cli import EXAMPLES, build_parser
+    from llmedu.cramming.studies.commands import STUDY_COMMANDS, STUDY_EXAMPLES
+
+    commands = ["pretrain", "finetune", "evaluate", *STUDY_COMMANDS]
+    assert set(commands) <= set(EXAMPLES) | set(STUDY_EXAMPLES)
+    for command in commands:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        examples = capsys.readouterr().out.split("examples:\n")[1]
+        first, *rest = examples.split("\n  python -m")
+        assert first.startswith(f"  python -m llmedu.cramming {command} ") and "about a minute" in first, command
+        assert all("about" in example or "after an interruption" in example or "the control" in example
+                   for example in rest), command  # fmt: skip

@@ -1,10 +1,10 @@
-"""Issue #26's data side of the capstone: passes over the data, deduplication, time to target, the third task."""
+"""The data side of the capstone: passes over the data, deduplication, time to target, the third task."""
 
 import json
 
 import pytest
 
-from llmedu.cramming.dedup import deduplicate
+from llmedu.cramming.data import deduplicate
 from llmedu.cramming.pretrain import PretrainRun, passes_over_data, pretrain
 from llmedu.cramming.recipe import TINY_SHAPE, crammed
 from llmedu.cramming.target import time_to_target

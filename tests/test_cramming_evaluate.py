@@ -1,14 +1,13 @@
-"""The capstone's evaluation protocol (issue #26): splits, the dev sweep, seeds, the probe, calibration rows."""
+"""The capstone's evaluation protocol: splits, the dev sweep, seeds, the probe, calibration rows."""
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
 import torch
 
-from llmedu.cramming.calibration import majority_accuracy, tfidf_accuracy, unigram_cross_entropy
-from llmedu.cramming.encoders import encoder_features, finetune_scorer, probe_scorer
 from llmedu.cramming.evaluate import (
     Data,
     check_no_overlap,
@@ -22,7 +21,9 @@ from llmedu.cramming.evaluate import (
     task_average,
 )
 from llmedu.cramming.finetune import FinetuneSettings
-from llmedu.cramming.study import StudyConfig
+from llmedu.cramming.studies.calibration import majority_accuracy, tfidf_accuracy, unigram_cross_entropy
+from llmedu.cramming.studies.encoders import encoder_features, finetune_scorer, probe_scorer
+from llmedu.cramming.studies.study import StudyConfig
 
 TOY = Data(tuple(f"text {i}" for i in range(100)), tuple(i % 3 for i in range(100)))
 TOY_TEST = Data(tuple(f"test {i}" for i in range(30)), tuple(i % 3 for i in range(30)))
@@ -212,7 +213,7 @@ def test_fine_tuning_depends_on_the_seed_and_repeats_given_it(tiny_cramming_run,
 
 
 def test_minilm_rows_fine_tune_and_probe_on_a_toy_task():
-    from llmedu.cramming.encoders import minilm_features, minilm_scorer
+    from llmedu.cramming.studies.encoders import minilm_features, minilm_scorer
 
     splits = split_data(TOY, TOY_TEST, seed=0)
     accuracy = minilm_scorer(FinetuneSettings(epochs=1, batch_size=30))(splits.train, splits.test, 1e-4, 0)
@@ -256,10 +257,31 @@ def test_the_evaluation_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     )
 
 
+def test_finetune_and_evaluate_say_their_steps_and_duration_before_the_work(tiny_cramming_run, tmp_path, capsys):
+    """The step count before the first step; the duration measured on the first steps (finetune) or the first
+    fine-tune (evaluate), said to be measured, before the rest."""
+    from llmedu.cramming.__main__ import main
+
+    ft = ["finetune", "--checkpoint", str(tiny_cramming_run), "--epochs", "1", "--max-train", "192"]
+    main([*ft, "--max-eval", "32", "--out", str(tmp_path / "ft")])
+    err = capsys.readouterr().err
+    said = "finetune: 1 epoch(s) of 6 batches of 32 = 6 optimizer steps; the duration is measured on the first 5"
+    estimate = re.search(r"finetune: the first 5 steps took [\d.]+ s: about \d+ s for all 6 steps \(measured", err)
+    assert said in err and estimate and err.index(said) < estimate.start()
+    ev = ["evaluate", "--runs", f"crammed={tiny_cramming_run}", "--out", str(tmp_path / "e.json"), "--no-minilm"]
+    quick = ["--tasks", "rotten_tomatoes", "--lrs", "1e-4", "--seeds", "0", "--label-sizes", "--epochs", "1"]
+    main([*ev, *quick, "--max-train", "64", "--max-eval", "32"])
+    err = capsys.readouterr().err
+    said = "evaluate: 2 fine-tuned rows (crammed, random init) x 1 task(s): 8 optimizer steps"
+    estimate = re.search(r"evaluate: the first fine-tune \(2 steps\) took \d+ s: about \d+ s for every fine-tune "
+                         r"\(measured on this machine", err)  # fmt: skip
+    assert said in err and estimate and err.index(said) < estimate.start()
+
+
 def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_repeats(tiny_cramming_run, tmp_path):
     """The control rows are reused, not measured again, and each way the reuse could be wrong is refused:
     another protocol, another tokenizer/shape/split (injected by moving the fingerprint), a name clash."""
-    from llmedu.cramming.study import FINGERPRINT, run_study
+    from llmedu.cramming.studies.study import FINGERPRINT, run_study
 
     config = StudyConfig(tasks=("bbc_news",), lrs=(4e-4,), seeds=(0,), label_sizes=(), epochs=1, max_train=32,
                          max_eval=16, minilm=False)  # fmt: skip
@@ -290,7 +312,7 @@ def test_a_study_borrows_an_earlier_study_s_controls_only_when_its_fingerprint_r
     made_here = run_study.__globals__["make_splits"]  # splits drawn with another seed: same counts, other examples
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            "llmedu.cramming.study.make_splits",
+            "llmedu.cramming.studies.study.make_splits",
             lambda task, fraction, seed, **caps: made_here(task, fraction, 1, **caps),
         )
         with pytest.raises(ValueError, match="bbc_news: the splits made here .* are not the ones .*first.json"):
@@ -311,7 +333,7 @@ def test_a_pretraining_run_that_did_not_finish_is_refused(tiny_cramming_run, tmp
     the run would report a shorter pretraining than the one named."""
     import shutil
 
-    from llmedu.cramming.study import run_study
+    from llmedu.cramming.studies.study import run_study
 
     stopped = tmp_path / "stopped"
     shutil.copytree(tiny_cramming_run, stopped)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from llmedu.cramming.evaluate import make_splits
-from llmedu.cramming.minilm_row import ROW, add_minilm
-from llmedu.cramming.more_seeds import add_seeds
-from llmedu.cramming.study import StudyConfig, run_study
-from llmedu.cramming.widen_sweep import widen_sweep
+from llmedu.cramming.studies.minilm_row import ROW, add_minilm
+from llmedu.cramming.studies.more_seeds import add_seeds
+from llmedu.cramming.studies.study import StudyConfig, run_study
+from llmedu.cramming.studies.widen_sweep import widen_sweep
 from llmedu.hardware.probe import machine_summary
 
 CONFIG = StudyConfig(tasks=("rotten_tomatoes", "bbc_news"), lrs=(1e-4, 4e-4, 8e-4), seeds=(0, 1), label_sizes=(8, None),
@@ -45,10 +45,10 @@ def scripted(monkeypatch):
     def minilm_features():  # MiniLM's probe row, from two cheap features instead of the model
         return (lambda texts: torch.tensor([[len(t), t.count(" ")] for t in texts], dtype=torch.float32)), None
 
-    monkeypatch.setattr("llmedu.cramming.study.minilm_features", minilm_features)
+    monkeypatch.setattr("llmedu.cramming.studies.study.minilm_features", minilm_features)
     for module in ("study", "minilm_row"):
-        monkeypatch.setattr(f"llmedu.cramming.{module}.minilm_scorer", minilm_scorer)
-    monkeypatch.setattr("llmedu.cramming.study.finetune_scorer", finetune_scorer)
+        monkeypatch.setattr(f"llmedu.cramming.studies.{module}.minilm_scorer", minilm_scorer)
+    monkeypatch.setattr("llmedu.cramming.studies.study.finetune_scorer", finetune_scorer)
     return calls, stop_at
 
 
@@ -165,6 +165,39 @@ def test_journals_of_other_fine_tunes_and_bad_files_are_refused(tiny_cramming_ru
     assert calls == []  # nothing trained for any refusal
 
 
+def test_an_edited_or_textual_journal_score_is_refused_naming_entry_and_file(tiny_cramming_run, tmp_path, scripted):
+    """A hand-edited dev score would move the chosen rate (rotten_tomatoes: 1e-4 by a tie); the entry's digest
+    refuses it, as it refuses a score stored as a string, before anything is trained."""
+    calls, _ = scripted
+    run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
+    journal_file = tmp_path / "journal.json"
+    add_minilm(tmp_path / "study.json", journal_file, progress=False)
+    journal = json.loads(journal_file.read_text())
+    key = next(k for k, e in journal["runs"].items() if e["scored_on"] == "dev" and e["lr"] == 8e-4)
+    assert journal["runs"][key]["task"] == "rotten_tomatoes" and journal["runs"][key]["sha256"]
+    for name, score in (("edited.json", 0.99), ("text.json", "0.99")):
+        runs = journal["runs"] | {key: journal["runs"][key] | {"score": score}}
+        (tmp_path / name).write_text(json.dumps(journal | {"runs": runs}))
+        calls.clear()
+        what = "differs from the digest" if name == "edited.json" else "holds the score '0.99', not a number"
+        with pytest.raises(ValueError, match=rf"{name}: entry '{key}' {what}"):
+            add_minilm(tmp_path / "study.json", tmp_path / name, progress=False)
+        assert calls == []
+
+
+def test_the_recorded_journal_loads_unchecked_only_when_asked():
+    """The recorded journal (written before entries carried digests) reads back with a warning when asked."""
+    from llmedu.cramming.studies.minilm_row import load_journal
+    from llmedu.cramming.studies.report import RECORDED
+
+    path = RECORDED.with_name("cramming_minilm_journal_cpu.json")
+    identity = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("kind", "runs")}
+    with pytest.raises(ValueError, match=r"cramming_minilm_journal_cpu.json: 62 entries record no digest"):
+        load_journal(path, identity)
+    with pytest.warns(RuntimeWarning, match="read unchecked"):
+        assert len(load_journal(path, identity, allow_unchecked=True)["runs"]) == 62
+
+
 def _tampered(tmp_path, name: str, change) -> str:
     study = json.loads((tmp_path / "study.json").read_text())
     change(study)
@@ -177,7 +210,7 @@ def test_splits_made_another_way_are_refused_before_any_fine_tune(tiny_cramming_
     calls, _ = scripted
     run_study({"crammed": tiny_cramming_run}, CONFIG, out=tmp_path / "study.json", progress=False)
     monkeypatch.setattr(
-        "llmedu.cramming.study.make_splits",
+        "llmedu.cramming.studies.study.make_splits",
         lambda task, fraction, seed, **caps: make_splits(task, fraction, 1, **caps),
     )
     with pytest.raises(ValueError, match="rotten_tomatoes: the splits made here .* are not the ones"):
@@ -224,7 +257,7 @@ def test_more_seeds_and_widening_refuse_a_study_with_the_added_row(tiny_cramming
 
 
 def test_a_stop_while_writing_leaves_the_previous_file_whole(tmp_path, monkeypatch):
-    from llmedu.cramming.study import write_results
+    from llmedu.cramming.studies.study import write_results
 
     out = tmp_path / "journal.json"
     write_results(out, {"runs": {"a": 1}})
@@ -232,7 +265,7 @@ def test_a_stop_while_writing_leaves_the_previous_file_whole(tmp_path, monkeypat
     def stopped(src, dst):
         raise KeyboardInterrupt("stopped between writing and replacing")
 
-    monkeypatch.setattr("llmedu.cramming.study.os.replace", stopped)
+    monkeypatch.setattr("llmedu.cramming.studies.study.os.replace", stopped)
     with pytest.raises(KeyboardInterrupt):
         write_results(out, {"runs": {"a": 1, "b": 2}})
     assert json.loads(out.read_text()) == {"runs": {"a": 1}}  # the new version never half-replaced the old

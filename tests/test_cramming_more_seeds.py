@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from llmedu.cramming.more_seeds import add_seeds
-from llmedu.cramming.study import FINGERPRINT, StudyConfig, run_study
+from llmedu.cramming.studies.more_seeds import add_seeds
+from llmedu.cramming.studies.study import FINGERPRINT, StudyConfig, run_study
 
 CONFIG = StudyConfig(tasks=("bbc_news",), lrs=(4e-4,), seeds=(0,), label_sizes=(), epochs=1, max_train=32,
                      max_eval=16, minilm=False)  # fmt: skip
@@ -98,7 +98,7 @@ def test_the_runs_must_be_the_studys_own(tiny_cramming_run, tmp_path):
 def test_the_recorded_five_seed_studies_extend_the_three_seed_ones():
     """Lesson 22's five-seed files: the first three seeds and everything else are the recorded studies', the
     hour's control is the half-hour's (borrowed), and the gaps read as the lesson says."""
-    from llmedu.cramming.report import RECORDED, RECORDED_FIVE_SEEDS, RECORDED_HOUR, headline, load_study
+    from llmedu.cramming.studies.report import RECORDED, RECORDED_FIVE_SEEDS, RECORDED_HOUR, headline, load_study
 
     for three, five in ((RECORDED, RECORDED_FIVE_SEEDS["30 min"]), (RECORDED_HOUR, RECORDED_FIVE_SEEDS["60 min"])):
         before, after = load_study(three), load_study(five)

@@ -1,4 +1,4 @@
-"""The probe curve (issue #26): the study's linear probe along a run's checkpoints, its JSON, reading and errors."""
+"""The probe curve: the study's linear probe along a run's checkpoints, its JSON, reading and errors."""
 
 import json
 import math
@@ -8,11 +8,12 @@ import matplotlib
 import pytest
 import torch
 
-import llmedu.cramming.probe_curve as pc
-from llmedu.cramming.encoders import encoder_features
+import llmedu.cramming.studies.probe_curve as pc
 from llmedu.cramming.evaluate import make_splits
 from llmedu.cramming.pretrain import PretrainRun, pretrain
-from llmedu.cramming.probe_curve import (
+from llmedu.cramming.recipe import TINY_SHAPE, crammed
+from llmedu.cramming.studies.encoders import encoder_features
+from llmedu.cramming.studies.probe_curve import (
     checkpoint_features,
     checkpoint_weights,
     choose_checkpoints,
@@ -20,7 +21,7 @@ from llmedu.cramming.probe_curve import (
     run_checkpoints,
     run_probe_curve,
 )
-from llmedu.cramming.probe_curve_report import (
+from llmedu.cramming.studies.probe_curve_report import (
     CONTROL,
     average_noise,
     curve_table,
@@ -30,8 +31,7 @@ from llmedu.cramming.probe_curve_report import (
     plot_probe_curve,
     study_references,
 )
-from llmedu.cramming.recipe import TINY_SHAPE, crammed
-from llmedu.cramming.report import RECORDED
+from llmedu.cramming.studies.report import RECORDED
 from llmedu.train.checkpoint import TENSORS, CheckpointError
 
 matplotlib.use("Agg")

@@ -6,7 +6,7 @@ import math
 import matplotlib
 import pytest
 
-from llmedu.cramming.report import (
+from llmedu.cramming.studies.report import (
     budget_table,
     headline,
     load_study,

@@ -5,11 +5,11 @@ import json
 import matplotlib
 import pytest
 
-from llmedu.cramming import budget_runs, scaling, scaling_grid
 from llmedu.cramming.__main__ import main
-from llmedu.cramming.budget_runs import StudyBudget, plan_evaluations
 from llmedu.cramming.recipe import crammed
-from llmedu.cramming.scaling_grid import (
+from llmedu.cramming.studies import budget_runs, scaling, scaling_grid
+from llmedu.cramming.studies.budget_runs import StudyBudget, plan_evaluations
+from llmedu.cramming.studies.scaling_grid import (
     BASES,
     GRIDS,
     PARAM_TOLERANCE,
@@ -18,7 +18,7 @@ from llmedu.cramming.scaling_grid import (
     parameter_counts,
     parse_entry,
 )
-from llmedu.cramming.scaling_report import (
+from llmedu.cramming.studies.scaling_report import (
     common_tokens,
     load_scaling,
     loss_at_tokens,

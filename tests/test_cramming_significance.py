@@ -5,7 +5,7 @@ import math
 import mpmath
 import pytest
 
-from llmedu.cramming.significance import paired_gap, sign_flip_p, student_t_two_sided, t_quantile
+from llmedu.cramming.studies.significance import paired_gap, sign_flip_p, student_t_two_sided, t_quantile
 
 
 @pytest.mark.parametrize("dof", [1, 2, 3, 4, 5, 8, 9, 30])

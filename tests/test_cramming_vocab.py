@@ -7,12 +7,19 @@ import matplotlib
 import pytest
 
 from llmedu.cramming.__main__ import main
-from llmedu.cramming.pretrain import CORPORA, held_out_chars, load_run
+from llmedu.cramming.data import CORPORA, held_out_chars
+from llmedu.cramming.pretrain import load_run
 from llmedu.cramming.recipe import TINY_SHAPE, crammed
-from llmedu.cramming.scaling_grid import parameter_counts
-from llmedu.cramming.study import unigram_line
-from llmedu.cramming.vocab_report import load_vocab_study, plot_vocab, probe_mean, vocab_table, vocab_verdict
-from llmedu.cramming.vocab_study import check_vocab_sizes, count_tokens, minimum_vocab, probe_tasks, run_vocab_study
+from llmedu.cramming.studies.scaling_grid import parameter_counts
+from llmedu.cramming.studies.study import unigram_line
+from llmedu.cramming.studies.vocab_report import load_vocab_study, plot_vocab, probe_mean, vocab_table, vocab_verdict
+from llmedu.cramming.studies.vocab_study import (
+    check_vocab_sizes,
+    count_tokens,
+    minimum_vocab,
+    probe_tasks,
+    run_vocab_study,
+)
 from llmedu.data.packing import read_documents
 from llmedu.tokenizers import WordPieceTokenizer
 

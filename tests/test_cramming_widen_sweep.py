@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from llmedu.cramming.evaluate import make_splits
-from llmedu.cramming.more_seeds import add_seeds
-from llmedu.cramming.study import StudyConfig, run_study
-from llmedu.cramming.widen_sweep import widen_sweep
+from llmedu.cramming.studies.more_seeds import add_seeds
+from llmedu.cramming.studies.study import StudyConfig, run_study
+from llmedu.cramming.studies.widen_sweep import widen_sweep
 
 CONFIG = StudyConfig(tasks=("rotten_tomatoes", "bbc_news"), lrs=(4e-4,), seeds=(0, 1), label_sizes=(8, None), epochs=1,
                      max_train=32, max_eval=16, minilm=False)  # fmt: skip
@@ -43,7 +43,7 @@ def scripted_scores(monkeypatch):
 
         return score
 
-    monkeypatch.setattr("llmedu.cramming.study.finetune_scorer", finetune_scorer)
+    monkeypatch.setattr("llmedu.cramming.studies.study.finetune_scorer", finetune_scorer)
     return calls, fail_on
 
 

@@ -1,4 +1,4 @@
-"""The fair downstream protocol of issue #26: dev-chosen rates, held-out test scores, seeds, label curves.
+"""The fair downstream protocol: dev-chosen rates, held-out test scores, seeds, label curves.
 
 Cramming fine-tunes every model with one fixed setting (Geiping & Goldstein 2022, sec. 5); lesson
 22 found that this is unfair to the random-init control, which needs a higher rate. The usual
@@ -20,7 +20,7 @@ rate on the Dev set") gives every model the same small sweep and lets the dev sp
 A model is a **scorer**: ``scorer(train, test, lr, seed) -> accuracy`` (``Data`` in, a float out),
 so the protocol does not care whether it fine-tunes a transformer, probes a frozen one or fits a
 bag of words; models without a rate (the baselines, the linear probe) are swept over ``(None,)``.
-``llmedu.cramming.encoders`` makes the scorers; ``study.py`` runs everything.
+``studies.encoders`` makes the scorers; ``studies.study`` runs everything.
 
 Left out: choosing the number of epochs or the batch size on dev, and significance tests (with 3
 seeds the spread is a rough guide, not a confidence interval).

@@ -25,6 +25,8 @@ over several fine-tuning seeds.
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -40,7 +42,7 @@ from ..train import TrainConfig, train
 from ..train.schedules import warmup_cosine, warmup_linear
 from .pretrain import load_pretrained, load_run
 
-__all__ = ["FinetuneSettings", "FIXED", "AUTHORS", "SETTINGS", "encode_texts", "finetune"]
+__all__ = ["FinetuneSettings", "FIXED", "AUTHORS", "SETTINGS", "encode_texts", "finetune", "duration"]
 
 
 _SCHEDULES = {"linear": warmup_linear, "cosine": warmup_cosine}
@@ -101,6 +103,29 @@ def accuracy(
     return correct / len(rows)
 
 
+MEASURED_STEPS = 5  # the optimizer steps timed for the estimate of a fine-tune's duration
+
+
+def duration(seconds: float) -> str:
+    """A duration a reader plans with: "40 s", "12 minutes", "2.5 hours"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} minutes" if seconds < 90 * 60 else f"{seconds / 3600:.1f} hours"
+
+
+def estimate_after_steps(what: str, total: int, stream=None) -> Callable:
+    """A trainer callback: after the first ``MEASURED_STEPS`` steps, print their time and the duration it implies
+    for all ``total`` steps (measured on this machine, the steps only: loading and scoring come on top)."""
+
+    def callback(info) -> None:
+        if info.step == min(MEASURED_STEPS, total):
+            left = info.elapsed / info.step * total
+            print(f"{what}: the first {info.step} steps took {info.elapsed:.1f} s: about {duration(left)} for all "
+                  f"{total} steps (measured on this machine)", file=stream or sys.stderr, flush=True)  # fmt: skip
+
+    return callback
+
+
 def _check_one_batch(n: int, settings: FinetuneSettings) -> None:
     if n < settings.batch_size:
         raise ValueError(f"{n} training examples are fewer than one batch of {settings.batch_size}")
@@ -117,6 +142,7 @@ def fit_classifier(
     device: torch.device | None = None,
     precision: str = "fp32",
     progress: bool = False,
+    callbacks=(),
 ) -> dict:
     """Train ``model`` (called as model(ids, mask) -> logits) on token ``rows`` and ``labels``: AdamW,
     ``settings.epochs`` seeded shuffles cut into batches, warm-up then the settings' decay. The history."""
@@ -143,7 +169,7 @@ def fit_classifier(
         precision=precision,
         progress=progress,
     )
-    return train(model, optimizer, batches, loss_fn, config)
+    return train(model, optimizer, batches, loss_fn, config, callbacks=callbacks)
 
 
 def finetune(
@@ -180,6 +206,11 @@ def finetune(
     pad = tokenizer.vocab["[PAD]"]
     _check_one_batch(len(rows), settings)
 
+    steps = settings.epochs * (len(rows) // settings.batch_size)
+    if progress:
+        print(f"finetune: {settings.epochs} epoch(s) of {len(rows) // settings.batch_size} batches of "
+              f"{settings.batch_size} = {steps} optimizer steps; the duration is measured on the first "
+              f"{min(MEASURED_STEPS, steps)}", file=sys.stderr, flush=True)  # fmt: skip
     runtime.seed_everything(seed)
     model = SequenceClassifier(replace(recipe.model, dropout=settings.dropout), n_classes=len(set(labels)))
     if not from_scratch:
@@ -195,6 +226,7 @@ def finetune(
         device=device,
         precision=recipe.resolved_precision(device),
         progress=progress,
+        callbacks=[estimate_after_steps("finetune", steps)] if progress else [],
     )
     result = {
         "task": task,
@@ -202,7 +234,7 @@ def finetune(
         "run": str(run),
         "train_examples": len(rows),
         "eval_examples": len(val_rows),
-        "steps": settings.epochs * (len(rows) // settings.batch_size),
+        "steps": steps,
         "final_train_loss": round(sum(history["loss"][-10:]) / len(history["loss"][-10:]), 4),
         "accuracy": round(accuracy(model, val_rows, val_labels, pad, device), 4),
         "majority_baseline": round(max(val_labels.count(c) for c in set(val_labels)) / len(val_labels), 4),

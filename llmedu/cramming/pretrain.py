@@ -4,22 +4,22 @@
     summary = pretrain("runs/crammed", run)
 
 The rules of the game (the paper's sec. 2): a model trained from random weights on raw text, on one
-device, for a fixed number of seconds; the data preparation (tokenizer, packing) happens before the
-clock starts. The clock here is the trainer's: the sum of the optimizer steps' times, which leaves
+device, for a fixed number of seconds; the data preparation (``data.prepare_data``: tokenizer, packing,
+deduplication) happens once, before the clock starts. The clock here is the trainer's: the sum of the optimizer steps' times, which leaves
 out checkpoint writing and the evaluation at the end.
 
 The run folder holds ``run.json`` (the ``PretrainRun``: recipe, corpora, budget and seed, what a
 resume must match), ``tokenizer.json``, ``checkpoints/step-NNNNNN`` (the trainer's, resumable
-exactly) and ``summary.json`` (the figures printed at the end).
+exactly, resumed from the newest intact one) and ``summary.json`` (the figures printed at the end).
 
 Sparse prediction (the paper's sec. 4.2, its head block): the MLM head is a dense layer, a norm and a
 (T, vocab) matmul per position, but only the ~15% masked positions carry a loss. Running the head on
 those rows alone gives the same loss and gradients, and skips about 85% of the largest matmul.
 
-Passes over the data (issue #26): the summary states the training split's packed tokens
+Passes over the data: the summary states the training split's packed tokens
 (``corpus_tokens``), the tokens read across resumes (``tokens_seen``) and their ratio (``passes``): a run
 that reads its data eight times is a repeated-data result. ``PretrainRun(dedup=True)`` trains on the
-text less exact duplicate documents and repeated lines (``dedup.py``), and the summary says how much
+text less exact duplicate documents and repeated lines (``data.py``), and the summary says how much
 went. ``eval_every=N`` measures the held-out MLM loss every N steps (outside the budget's clock) into
 ``val_history``, which ``target.time_to_target`` reads.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -38,67 +38,162 @@ import torch
 import torch.nn.functional as F
 
 from .. import runtime
-from ..data.packing import MLMBatches, packed_rows, train_tokenizer
+from ..data.packing import MLMBatches
 from ..models import MaskedLM
 from ..models.counting import count_parameters, flops_per_token, matmul_parameters
 from ..tokenizers import WordPieceTokenizer
 from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
-from .dedup import dedup_counts, deduplicated_rows
+from .data import CORPORA, PretrainData, prepare_data
 from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule
 
-__all__ = [
-    "CORPORA",
-    "prepare_data",
-    "mlm_loss_fn",
-    "mlm_flops_per_token",
-    "PretrainRun",
-    "pretrain",
-    "evaluate_mlm",
-    "passes_over_data",
-    "held_out_chars",
-    "load_run",
-    "load_pretrained",
-]
-
-CORPORA = ("wikipedia", "shakespeare", "kjv", "speeches", "tweets", "vader")
+__all__ = ["PretrainRun", "pretrain", "mlm_loss_fn", "mlm_flops_per_token", "evaluate_mlm", "passes_over_data"]
+__all__ += ["read_run", "load_run", "load_pretrained", "encoder_weights"]
 
 
-def held_out_chars(max_chars: int | None, seq_len: int) -> int | None:
-    """Characters of each corpus's validation split that a run holds out: a tenth of ``max_chars``, at least
-    20 rows' worth; all of it when ``max_chars`` is None."""
-    return None if max_chars is None else max(max_chars // 10, 20 * seq_len)
+@dataclass(frozen=True)
+class PretrainRun:
+    """What a pretraining run is: the recipe, the data and the budget. ``run.json`` holds it, and a
+    resumed run must be the saved one; how it is executed (device, checkpoints, progress) may change."""
+
+    recipe: Recipe
+    budget_seconds: float | None  # of training steps; None: max_steps alone
+    max_steps: int | None = None  # also stop after this many optimizer steps
+    corpora: tuple[str, ...] = CORPORA
+    max_chars: int | None = None  # of each corpus; None: all of it
+    seed: int = 0  # of the weights, the batch order and the masks
+    dedup: bool = False  # train on the text less duplicate documents and repeated lines (data.py)
+
+    def __post_init__(self):
+        # checked here, before anything is written: a rejected run must not leave a run.json behind
+        check_budget(self.budget_seconds, self.max_steps)
+        if self.max_chars is not None and (not isinstance(self.max_chars, int) or self.max_chars < 1):
+            raise ValueError(f"max_chars must be an int >= 1, got {self.max_chars!r}")
+        if not self.corpora:
+            raise ValueError("give at least one corpus")
+        object.__setattr__(self, "corpora", tuple(self.corpora))  # a list from JSON compares equal after this
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> PretrainRun:
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown run fields {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
+        return cls(**{**values, "recipe": Recipe.from_dict(values["recipe"])})
+
+    def differences(self, other: PretrainRun) -> dict[str, tuple]:
+        """{setting: (self's value, other's value)} for every setting that differs, the recipe's included."""
+        diff = self.recipe.differences(other.recipe)
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name != "recipe" and a != b:
+                diff[f.name] = (a, b)
+        return diff
 
 
-def prepare_data(
-    recipe: Recipe,
-    corpora: Sequence[str] = CORPORA,
-    max_chars: int | None = None,
+def pretrain(
+    out: str | Path,
+    run: PretrainRun,
+    *,
+    resume: bool = False,
+    device: torch.device | None = None,
     tokenizer_chars: int = 400_000,
+    checkpoint_every: int = 100,
+    keep_checkpoints: int | None = None,
+    eval_batches: int = 20,
+    eval_every: int | None = None,
     progress: bool = True,
-    dedup: bool = False,
-):
-    """(tokenizer, train rows, validation rows), all cached: the work done before the clock starts.
+    callbacks: Iterable[Callable] = (),
+) -> dict:
+    """Pretrain ``run.recipe`` until its budget (seconds) or ``run.max_steps`` is spent; the run folder is ``out``.
 
-    ``dedup``: the rows of the deduplicated text (``dedup.deduplicated_rows``), validation against train too.
+    Returns the summary (also written to ``out/summary.json``). ``resume=True`` continues an
+    interrupted run from its newest intact checkpoint (``checkpoint.newest_intact``: a damaged newer one
+    is moved aside with a warning); ``run`` must be the saved one. ``eval_every``: also measure the
+    held-out loss (``eval_batches`` batches) every that many steps, into ``val_history``.
+    ``keep_checkpoints``: keep only the newest N (>= 2) checkpoints (None: every one, which the probe curve reads).
     """
-    if progress:
-        print(
-            f"Preparing the data; the budget clock has not started. A WordPiece vocabulary of "
-            f"{recipe.model.vocab_size} from {', '.join(corpora)}, then the text packed into rows "
-            f"(both cached: a minute or two the first time, seconds after).",
-            flush=True,
-        )
-    seq_len = recipe.model.max_seq_len  # rows as long as the model's positions
-    tokenizer = train_tokenizer(corpora, recipe.model.vocab_size, sample_chars=tokenizer_chars, progress=progress)
-    val_chars = held_out_chars(max_chars, seq_len)
-    if dedup:
-        train_rows = deduplicated_rows(tokenizer, corpora, "train", seq_len, max_chars)
-        val_rows = deduplicated_rows(tokenizer, corpora, "validation", seq_len, val_chars)
-        return tokenizer, train_rows, val_rows
-    train_rows = packed_rows(tokenizer, corpora, "train", seq_len, max_chars, progress=progress)
-    val_rows = packed_rows(tokenizer, corpora, "validation", seq_len, val_chars, progress=progress)
-    return tokenizer, train_rows, val_rows
+    if eval_every is not None and (not isinstance(eval_every, int) or eval_every < 1):
+        raise ValueError(f"eval_every must be an int >= 1 (steps) or None, got {eval_every!r}")
+    out, recipe = Path(out), run.recipe
+    _check_folder(out, run, resume)
+    device = device or runtime.device()
+    data = prepare_data(recipe, run.corpora, run.max_chars, tokenizer_chars, progress, dedup=run.dedup)
+    if data.tokenizer.vocab_size != recipe.model.vocab_size:
+        raise ValueError(f"the tokenizer has {data.tokenizer.vocab_size} entries, the model {recipe.model.vocab_size}")
+    # raises if the data are too small for one batch, before anything is written
+    batches = MLMBatches(data.train, recipe.micro_batch, data.tokenizer, seed=run.seed, **_masking(recipe))
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (out / "run.json").write_text(json.dumps(run.to_dict(), indent=1))
+        data.tokenizer.save(out / "tokenizer.json")
+
+    runtime.seed_everything(run.seed)
+    model = MaskedLM(recipe.model).to(device)
+    optimizer = _adamw(model, recipe)
+    checkpoints = out / "checkpoints"
+    # everything a resume reads (clock, step, position, weights) comes from this one checked checkpoint
+    saved = ckpt.newest_intact(checkpoints) if resume else None
+    if resume and saved is None:
+        raise FileNotFoundError(f"nothing to resume: no intact checkpoint in {checkpoints}")
+    start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
+    clock = BudgetClock(run.budget_seconds, run.max_steps, elapsed=start["seconds"])
+    precision = recipe.resolved_precision(device)
+    config = TrainConfig(
+        max_steps=run.max_steps,
+        max_seconds=run.budget_seconds,
+        precision=precision,
+        accumulation=budget_accumulation(recipe, clock),
+        schedule=budget_schedule(recipe, clock),
+        clip_grad_norm=recipe.clip_grad_norm,
+        checkpoint_dir=checkpoints,
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
+        progress=progress,
+    )
+    on_device = lambda i: {k: v.to(device, non_blocking=True) for k, v in batches(i).items()}  # noqa: E731
+    val = None  # the held-out batches, where there are rows enough for one
+    if len(data.validation) >= recipe.micro_batch:
+        val = MLMBatches(data.validation, recipe.micro_batch, data.tokenizer, seed=12345, **_masking(recipe))
+    val_history = []  # (step, elapsed seconds of training, held-out loss): the clock excludes the evaluation
+
+    def held_out(info) -> None:  # a trainer callback: it runs after the step's time is taken
+        if val is not None and eval_every and info.step % eval_every == 0:
+            loss = evaluate_mlm(model, val, eval_batches, precision, device)
+            val_history.append({"step": info.step, "elapsed": round(info.elapsed, 3), "val_loss": round(loss, 4)})
+
+    wall = time.perf_counter()
+    history = train(
+        model,
+        optimizer,
+        on_device,
+        mlm_loss_fn(recipe.sparse_prediction),
+        config,
+        callbacks=[clock.tick, held_out, *callbacks],
+        resume=saved or False,
+    )
+    wall = time.perf_counter() - wall
+
+    val_loss = evaluate_mlm(model, val, eval_batches, precision, device) if val else None
+    summary = _summary(run, model, history, start, device, precision, wall, val_loss)
+    # passes over the data: the trainer's position counts micro-batches across resumes
+    position = json.loads((ckpt.latest(checkpoints) / ckpt.STATE).read_text())["position"]
+    summary |= _data_counts(data, position * recipe.micro_batch * recipe.model.max_seq_len)
+    summary["eval_every"] = eval_every
+    summary["val_history"] = val_history
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary["history"] = history  # for notebooks: every step; not written to the JSON file
+    return summary
+
+
+def _data_counts(data: PretrainData, tokens_seen: int) -> dict:
+    """Passes over the data: the packed training tokens, the tokens read across resumes, and the deduplication."""
+    counts = {"corpus_tokens": data.corpus_tokens, "tokens_seen": tokens_seen}
+    counts["passes"] = round(passes_over_data(tokens_seen, data.corpus_tokens), 3)
+    return counts | ({"dedup": data.dedup} if data.dedup is not None else {})
 
 
 def passes_over_data(tokens_seen: int, corpus_tokens: int) -> float:
@@ -152,156 +247,6 @@ def evaluate_mlm(model: MaskedLM, batches: MLMBatches, n_batches: int, precision
     return total / n
 
 
-def check_budget(budget_seconds: float | None, max_steps: int | None) -> None:
-    """A run stops at ``budget_seconds`` of training steps, ``max_steps``, or the first of both: a clear error
-    for neither, a budget that is not a positive number of seconds, or steps that are not an int >= 1."""
-    if budget_seconds is None and max_steps is None:
-        raise ValueError("give a budget in seconds, max_steps, or both")
-    if budget_seconds is not None and not budget_seconds > 0:
-        raise ValueError(f"the budget must be a positive number of seconds, got {budget_seconds}")
-    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-        raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
-
-
-@dataclass(frozen=True)
-class PretrainRun:
-    """What a pretraining run is: the recipe, the data and the budget. ``run.json`` holds it, and a
-    resumed run must be the saved one; how it is executed (device, checkpoints, progress) may change."""
-
-    recipe: Recipe
-    budget_seconds: float | None  # of training steps; None: max_steps alone
-    max_steps: int | None = None  # also stop after this many optimizer steps
-    corpora: tuple[str, ...] = CORPORA
-    max_chars: int | None = None  # of each corpus; None: all of it
-    seed: int = 0  # of the weights, the batch order and the masks
-    dedup: bool = False  # train on the text less duplicate documents and repeated lines (dedup.py)
-
-    def __post_init__(self):
-        # checked here, before anything is written: a rejected run must not leave a run.json behind
-        check_budget(self.budget_seconds, self.max_steps)
-        if self.max_chars is not None and (not isinstance(self.max_chars, int) or self.max_chars < 1):
-            raise ValueError(f"max_chars must be an int >= 1, got {self.max_chars!r}")
-        if not self.corpora:
-            raise ValueError("give at least one corpus")
-        object.__setattr__(self, "corpora", tuple(self.corpora))  # a list from JSON compares equal after this
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> PretrainRun:
-        return cls(**{**values, "recipe": Recipe.from_dict(values["recipe"])})
-
-    def differences(self, other: PretrainRun) -> dict[str, tuple]:
-        """{setting: (self's value, other's value)} for every setting that differs, the recipe's included."""
-        diff = self.recipe.differences(other.recipe)
-        for f in fields(self):
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name != "recipe" and a != b:
-                diff[f.name] = (a, b)
-        return diff
-
-
-def pretrain(
-    out: str | Path,
-    run: PretrainRun,
-    *,
-    resume: bool = False,
-    device: torch.device | None = None,
-    tokenizer_chars: int = 400_000,
-    checkpoint_every: int = 100,
-    keep_checkpoints: int | None = None,
-    eval_batches: int = 20,
-    eval_every: int | None = None,
-    progress: bool = True,
-    callbacks: Iterable[Callable] = (),
-) -> dict:
-    """Pretrain ``run.recipe`` until its budget (seconds) or ``run.max_steps`` is spent; the run folder is ``out``.
-
-    Returns the summary (also written to ``out/summary.json``). ``resume=True`` continues an
-    interrupted run from its latest checkpoint; ``run`` must be the saved one. ``eval_every``: also
-    measure the held-out loss (``eval_batches`` batches) every that many steps, into ``val_history``.
-    ``keep_checkpoints``: keep only the newest N (>= 2) checkpoints (None: every one, which ``probe_curve`` reads).
-    """
-    if eval_every is not None and (not isinstance(eval_every, int) or eval_every < 1):
-        raise ValueError(f"eval_every must be an int >= 1 (steps) or None, got {eval_every!r}")
-    out, recipe = Path(out), run.recipe
-    _check_folder(out, run, resume)
-    device = device or runtime.device()
-    tokenizer, train_rows, val_rows = prepare_data(
-        recipe, run.corpora, run.max_chars, tokenizer_chars, progress, dedup=run.dedup
-    )
-    if tokenizer.vocab_size != recipe.model.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} entries, the model {recipe.model.vocab_size}")
-    # raises if the data are too small for one batch, before anything is written
-    data = MLMBatches(train_rows, recipe.micro_batch, tokenizer, seed=run.seed, **_masking(recipe))
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        (out / "run.json").write_text(json.dumps(run.to_dict(), indent=1))
-        tokenizer.save(out / "tokenizer.json")
-
-    runtime.seed_everything(run.seed)
-    model = MaskedLM(recipe.model).to(device)
-    optimizer = _adamw(model, recipe)
-    checkpoints = out / "checkpoints"
-    saved = ckpt.latest(checkpoints) if resume else None
-    start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
-    clock = BudgetClock(run.budget_seconds, run.max_steps, elapsed=start["seconds"])
-    precision = recipe.resolved_precision(device)
-    config = TrainConfig(
-        max_steps=run.max_steps,
-        max_seconds=run.budget_seconds,
-        precision=precision,
-        accumulation=budget_accumulation(recipe, clock),
-        schedule=budget_schedule(recipe, clock),
-        clip_grad_norm=recipe.clip_grad_norm,
-        checkpoint_dir=checkpoints,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        progress=progress,
-    )
-    on_device = lambda i: {k: v.to(device, non_blocking=True) for k, v in data(i).items()}  # noqa: E731
-    enough = len(val_rows) >= recipe.micro_batch
-    val = MLMBatches(val_rows, recipe.micro_batch, tokenizer, seed=12345, **_masking(recipe)) if enough else None
-    val_history = []  # (step, elapsed seconds of training, held-out loss): the clock excludes the evaluation
-
-    def held_out(info) -> None:  # a trainer callback: it runs after the step's time is taken
-        if val is not None and eval_every and info.step % eval_every == 0:
-            loss = evaluate_mlm(model, val, eval_batches, precision, device)
-            val_history.append({"step": info.step, "elapsed": round(info.elapsed, 3), "val_loss": round(loss, 4)})
-
-    wall = time.perf_counter()
-    history = train(
-        model,
-        optimizer,
-        on_device,
-        mlm_loss_fn(recipe.sparse_prediction),
-        config,
-        callbacks=[clock.tick, held_out, *callbacks],
-        resume=saved is not None,
-    )
-    wall = time.perf_counter() - wall
-
-    val_loss = evaluate_mlm(model, val, eval_batches, precision, device) if val else None
-    summary = _summary(run, model, history, start, device, precision, wall, val_loss)
-    # passes over the data: the trainer's position counts micro-batches across resumes
-    position = json.loads((ckpt.latest(checkpoints) / ckpt.STATE).read_text())["position"]
-    summary["corpus_tokens"] = train_rows.numel()
-    summary["tokens_seen"] = position * recipe.micro_batch * recipe.model.max_seq_len
-    summary["passes"] = round(passes_over_data(summary["tokens_seen"], summary["corpus_tokens"]), 3)
-    if run.dedup:
-        val_chars = held_out_chars(run.max_chars, recipe.model.max_seq_len)
-        summary["dedup"] = {
-            "train": dedup_counts(run.corpora, "train", run.max_chars),
-            "validation": dedup_counts(run.corpora, "validation", val_chars),
-        }
-    summary["eval_every"] = eval_every
-    summary["val_history"] = val_history
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    summary["history"] = history  # for notebooks: every step; not written to the JSON file
-    return summary
-
-
 def _check_folder(out: Path, run: PretrainRun, resume: bool) -> None:
     """A new run needs a folder without one; a resumed run must be the one saved there."""
     if not resume:
@@ -312,10 +257,21 @@ def _check_folder(out: Path, run: PretrainRun, resume: bool) -> None:
         return
     if not (out / "run.json").is_file():
         raise FileNotFoundError(f"nothing to resume: {out / 'run.json'} does not exist")
-    diff = PretrainRun.from_dict(json.loads((out / "run.json").read_text())).differences(run)
+    diff = read_run(out).differences(run)
     if diff:
         lines = ", ".join(f"{k}: {a!r} (saved) vs {b!r} (now)" for k, (a, b) in diff.items())
         raise ValueError(f"cannot resume with a different recipe or run: {lines}")
+
+
+def check_budget(budget_seconds: float | None, max_steps: int | None) -> None:
+    """A run stops at ``budget_seconds`` of training steps, ``max_steps``, or the first of both: a clear error
+    for neither, a budget that is not a positive number of seconds, or steps that are not an int >= 1."""
+    if budget_seconds is None and max_steps is None:
+        raise ValueError("give a budget in seconds, max_steps, or both")
+    if budget_seconds is not None and not budget_seconds > 0:
+        raise ValueError(f"the budget must be a positive number of seconds, got {budget_seconds}")
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
 
 
 def _masking(recipe: Recipe) -> dict:
@@ -359,13 +315,21 @@ def _summary(run: PretrainRun, model, history, start: dict, device, precision: s
     }
 
 
+def read_run(out: str | Path) -> PretrainRun:
+    """The ``PretrainRun`` saved in a run folder's ``run.json``; a field or value it does not know is an
+    error naming the file, the field or value, and the ones allowed."""
+    path = Path(out) / "run.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{out} is not a pretraining run (no run.json)")
+    try:
+        return PretrainRun.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
 def load_run(out: str | Path) -> tuple[Recipe, WordPieceTokenizer]:
     """The recipe and tokenizer of a pretraining run folder."""
-    out = Path(out)
-    if not (out / "run.json").is_file():
-        raise FileNotFoundError(f"{out} is not a pretraining run (no run.json)")
-    run = PretrainRun.from_dict(json.loads((out / "run.json").read_text()))
-    return run.recipe, WordPieceTokenizer.load(out / "tokenizer.json")
+    return read_run(out).recipe, WordPieceTokenizer.load(Path(out) / "tokenizer.json")
 
 
 def load_pretrained(out: str | Path) -> dict[str, torch.Tensor]:

@@ -40,8 +40,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
+from .. import kernels  # noqa: F401  (registers "flash", which a saved recipe may name)
 from ..models import TransformerConfig
 from ..nn.activations import GATED
+from ..nn.attention import ATTENTION_FUNCTIONS
 from ..train.schedules import Schedule
 
 __all__ = [
@@ -154,14 +156,21 @@ class Recipe:
     def from_dict(cls, values: dict) -> Recipe:
         """The inverse of ``to_dict``; also reads the flat recipes of run folders saved before ``model``."""
         values = _unflatten(values) if "seq_len" in values else dict(values)  # seq_len: the flat layout
-        unknown = sorted(set(values) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown recipe fields {unknown}")
+        _check_names("recipe fields", values, [f.name for f in fields(cls)])
         if isinstance(values.get("model"), dict):
+            _check_names("model fields", values["model"], [f.name for f in fields(TransformerConfig)])
+            impl = values["model"].get("attn_impl", "sdpa")
+            _check_names("attention implementation", [impl], sorted(ATTENTION_FUNCTIONS))
             values["model"] = TransformerConfig(**values["model"])
         if "betas" in values:
             values["betas"] = tuple(values["betas"])  # JSON has lists only
         return cls(**values)
+
+
+def _check_names(kind: str, names, allowed: list[str]) -> None:
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}")
 
 
 def _unflatten(values: dict) -> dict:

@@ -25,7 +25,7 @@ __all__ = [
     "average_noise",
 ]
 
-RECORDED_CURVE = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_probe_curve_cpu_30m.json"
+RECORDED_CURVE = Path(__file__).resolve().parents[3] / "data" / "results" / "cramming_probe_curve_cpu_30m.json"
 RECORDED_CURVE_HOUR = RECORDED_CURVE.with_name("cramming_probe_curve_cpu_60m.json")  # a 60-minute run's
 CONTROL = "random init, linear probe"  # the study's name for the control row
 REFERENCE_ROWS = ("TF-IDF + logistic regression", "MiniLM-L6, linear probe")  # study rows worth a line on the plot

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .evaluate import summarize, task_average
+from ..evaluate import summarize, task_average
 from .report import load_study
 from .study import (
     FINGERPRINT,

@@ -20,7 +20,7 @@ from .report import check_runs, read_results
 
 __all__ = ["RECORDED_VOCAB", "load_vocab_study", "probe_mean", "vocab_table", "vocab_verdict", "plot_vocab"]
 
-RECORDED_VOCAB = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_vocab_cpu.json"
+RECORDED_VOCAB = Path(__file__).resolve().parents[3] / "data" / "results" / "cramming_vocab_cpu.json"
 _KEYS = ("provenance", "config", "runs")
 _RUN_KEYS = (
     "vocab_size",

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..models import MaskedLM
-from ..models.counting import count_parameters
-from .recipe import TINY_SHAPE, Recipe, crammed
+from ...models import MaskedLM
+from ...models.counting import count_parameters
+from ..recipe import TINY_SHAPE, Recipe, crammed
 
 __all__ = ["PARAM_TOLERANCE", "GridEntry", "GRIDS", "BASES", "parse_entry", "parameter_counts", "check_grid"]
 

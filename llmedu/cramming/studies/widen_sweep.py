@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .evaluate import best_rate, label_efficiency, summarize, task_average
+from ..evaluate import best_rate, label_efficiency, summarize, task_average
 from .more_seeds import _check_not_added, _check_runs, _config, _test_seeds, _tuned_rows
 from .report import load_study
 from .study import FINGERPRINT, _models, check_fingerprint, checked_splits, print_row, write_results

@@ -4,7 +4,7 @@
 dev, the test scores over seeds and the label-efficiency curve. This module turns it into what a
 reader needs to judge the result:
 
-* ``headline``: the issue's figure: the pretrained encoder minus random init on the task average,
+* ``headline``: the study's figure: the pretrained encoder minus random init on the task average,
   each at its own dev-chosen rate (best against best), per seed, then mean and spread;
 * ``task_table``: every model on every task as mean +- standard deviation over seeds, with the
   rate dev chose, calibration rows included, and the task average;
@@ -24,7 +24,7 @@ import json
 import statistics
 from pathlib import Path
 
-from .evaluate import summarize, task_average
+from ..evaluate import summarize, task_average
 from .significance import paired_gap
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
     "plot_label_efficiency",
 ]
 
-RECORDED = Path(__file__).resolve().parents[2] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 22's run
+RECORDED = Path(__file__).resolve().parents[3] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 22's run
 # the same protocol after an hour of pretraining (its control rows borrowed from RECORDED's)
 RECORDED_HOUR = RECORDED.with_name("cramming_study_cpu_60m.json")
 # both, with seeds 3 and 4 added to their fine-tuned rows (more_seeds.py; the control's new seeds measured once)

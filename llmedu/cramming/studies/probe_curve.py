@@ -1,11 +1,11 @@
-"""At what budget does pretraining's advantage open? The linear probe along one run's checkpoints (issue #26).
+"""At what budget does pretraining's advantage open? The linear probe along one run's checkpoints.
 
     results = run_probe_curve("runs/crammed", out="runs/probe_curve.json", points=8,
                               references=study_references())         # TF-IDF and MiniLM rows of lesson 22's study
     print(curve_table(results)); print(curve_verdict(results)); plot_probe_curve(results)   # probe_curve_report
 
-The study (``study.py``) scores a run's *final* weights; when pretraining's lead over random init misses
-the issue's 3 points, the next question is where along the budget the lead opens, if it does. Fine-tuning
+The study (``study.py``) scores a run's *final* weights; when pretraining's lead over random init is
+small, the next question is where along the budget the lead opens, if it does. Fine-tuning
 every checkpoint with the study's learning-rate sweep and seeds costs hours on a CPU, so the curve uses the
 study's other row, the frozen encoder's **linear probe** (``encoders.probe_scorer``): mean-pooled last hidden
 states, standardised, a multinomial logistic regression fit by L-BFGS from zero with a fixed l2 penalty. It
@@ -36,7 +36,7 @@ What this does **not** measure:
   likely *understates* what a shorter budget gives, most in its middle, where the rate is highest.
   ``lr_factor`` says where each point sits on the schedule.
 * The probe measures what a linear map reads from mean-pooled features, not what fine-tuning extracts;
-  the fine-tuned gap (the issue's target) may open earlier or later.
+  the fine-tuned gap may open earlier or later.
 * One pretraining run (one seed). The test splits (1,285, 438 and 3,655 examples) carry a standard error of
   roughly 1.4, 2.0 and 0.8 points per task, about 0.9 on the average, so a single point crossing the
   threshold is weak evidence; ``curve_verdict`` says whether the gap stays above it to the end.
@@ -61,13 +61,13 @@ from pathlib import Path
 
 import torch
 
-from ..hardware import machine_summary
-from ..train import checkpoint as ckpt
+from ...hardware import machine_summary
+from ...train import checkpoint as ckpt
+from ..evaluate import TASKS, check_no_overlap, make_splits, protocol, task_average
+from ..pretrain import PretrainRun, encoder_weights, read_run
+from ..recipe import BudgetClock, budget_schedule
 from .encoders import encoder_features, probe_scorer
-from .evaluate import TASKS, check_no_overlap, make_splits, protocol, task_average
-from .pretrain import PretrainRun, encoder_weights
 from .probe_curve_report import CONTROL, curve_verdict, load_probe_curve
-from .recipe import BudgetClock, budget_schedule
 
 __all__ = [
     "run_checkpoints",
@@ -86,7 +86,7 @@ def _saved_run(run: Path) -> PretrainRun:
             f"{run} is not a pretraining run (no run.json): give a folder written by pretrain / "
             f"python -m llmedu.cramming pretrain --out ..."
         )
-    return PretrainRun.from_dict(json.loads((run / "run.json").read_text()))
+    return read_run(run)
 
 
 def run_checkpoints(run) -> list[dict]:

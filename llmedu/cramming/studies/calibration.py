@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..compress.baselines import BagOfWords, majority_accuracy
+from ...compress.baselines import BagOfWords, majority_accuracy
 
 __all__ = ["majority_accuracy", "tfidf_accuracy", "unigram_cross_entropy"]
 

@@ -44,7 +44,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import runtime
+from ... import runtime
+from ..data import CORPORA, prepare_data
+from ..recipe import crammed
 from .budget_runs import (
     StudyBudget,
     plan_evaluations,
@@ -55,8 +57,6 @@ from .budget_runs import (
     study_results,
     write_results,
 )
-from .pretrain import CORPORA, prepare_data
-from .recipe import crammed
 from .scaling_grid import BASES, GRIDS, PARAM_TOLERANCE, GridEntry, check_grid, parameter_counts, parse_entry
 from .scaling_report import budget_words
 from .study import unigram_line
@@ -119,7 +119,8 @@ def run_scaling(
     start = datetime.datetime.now(datetime.timezone.utc)
 
     say(f"Preparing the data once for all {len(grid)} runs (cached after the first time); no clock is running.")
-    tokenizer, train_rows, _ = prepare_data(reference, corpora, max_chars, tokenizer_chars, progress=False)
+    data = prepare_data(reference, corpora, max_chars, tokenizer_chars, progress=False)
+    tokenizer, train_rows = data.tokenizer, data.train
     plan = plan_runs(recipes, dict.fromkeys(recipes, (tokenizer, train_rows)), budget, device)
     for e in grid:
         say(
@@ -144,7 +145,7 @@ def run_scaling(
         "evals": evals,
         "eval_batches": eval_batches,
     }
-    command = command or "llmedu.cramming.scaling.run_scaling (from Python)"
+    command = command or "llmedu.cramming.studies.scaling.run_scaling (from Python)"
     results = study_results(command, device, start, config, unigram_cross_entropy=None)
     with tempfile.TemporaryDirectory(prefix="cramming-scaling-") as scratch:
         folders = Path(runs_dir) if runs_dir is not None else Path(scratch)

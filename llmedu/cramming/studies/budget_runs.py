@@ -34,12 +34,13 @@ from pathlib import Path
 
 import torch
 
-from .. import runtime
-from ..data.packing import MLMBatches
-from ..hardware import machine_summary
-from ..models import MaskedLM
-from .pretrain import CORPORA, PretrainRun, check_budget, mlm_loss_fn, pretrain
-from .recipe import BudgetClock, Recipe, budget_accumulation
+from ... import runtime
+from ...data.packing import MLMBatches
+from ...hardware import machine_summary
+from ...models import MaskedLM
+from ..data import CORPORA
+from ..pretrain import PretrainRun, check_budget, mlm_loss_fn, pretrain
+from ..recipe import BudgetClock, Recipe, budget_accumulation
 
 __all__ = [
     "StudyBudget",

@@ -24,7 +24,9 @@ names the machine it ran on (its seconds, and its last bits, are that machine's)
 command again and every score the journal holds is read back; only the rest trains. A second study with the same
 protocol and splits (lesson 22's hour, whose controls come from the half-hour's) finds every run there and
 trains nothing. One process at a time may write a journal (a lock, released when the process ends, however it
-ends). The study's file is written once, when every task is done, so ``--out`` may be ``--study`` itself.
+ends). Each entry carries a digest of itself and its key (``sha256``), as a checkpoint does: an entry edited
+by hand (a score changed, which could move the chosen rate) or stored as text is refused, named with its file.
+The study's file is written once, when every task is done, so ``--out`` may be ``--study`` itself.
 ``more_seeds`` and ``widen_sweep`` refuse a study with the added row: grow the study it was added to, then add
 the row again with the same journal (the runs it holds are read back).
 
@@ -38,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from importlib.metadata import version
@@ -45,17 +48,17 @@ from pathlib import Path
 
 import torch
 
-from ..data.references import reference_files
-from ..hardware.probe import machine_summary
+from ...data.references import reference_files
+from ...hardware.probe import machine_summary
+from ..evaluate import Data, Scorer, Splits, label_efficiency, protocol, task_average
+from ..finetune import FIXED
 from .encoders import minilm_scorer
-from .evaluate import Data, Scorer, Splits, label_efficiency, protocol, task_average
-from .finetune import FIXED
 from .more_seeds import _config, _test_seeds, _tuned_rows
 from .report import load_study
 from .study import StudyConfig, checked_splits, print_row, write_results
 from .widen_sweep import _check_seeds
 
-__all__ = ["ROW", "add_minilm", "journal_identity", "load_journal"]
+__all__ = ["ROW", "add_minilm", "journal_identity", "load_journal", "entry_digest"]
 
 ROW = "MiniLM-L6"  # the row's name, as ``study._models`` gives it when a study fine-tunes MiniLM itself
 _KIND = "llmedu fine-tune journal"
@@ -76,9 +79,10 @@ def journal_identity(settings: dict) -> dict:
     }
 
 
-def load_journal(path, identity: dict) -> dict:
-    """The journal at ``path`` (a new, empty one if there is none); an error for a file that is not one, or one
-    whose runs were made by another row, settings, model or library version."""
+def load_journal(path, identity: dict, allow_unchecked: bool = False) -> dict:
+    """The journal at ``path`` (a new, empty one if there is none); an error for a file that is not one, one
+    whose runs were made by another row, settings, model or library version, or an entry that fails its digest.
+    ``allow_unchecked``: read the entries of a journal written before entries carried digests, with a warning."""
     path = Path(path)
     if not path.exists():
         return {"kind": _KIND, **identity, "runs": {}}
@@ -91,7 +95,35 @@ def load_journal(path, identity: dict) -> dict:
     differ = [f"{k}: {journal.get(k)} there, {v} here" for k, v in identity.items() if journal.get(k) != v]
     if differ:
         raise ValueError(f"{path} journals other fine-tunes ({'; '.join(differ)}): its scores do not apply")
+    _check_entries(path, journal["runs"], allow_unchecked)
     return journal
+
+
+def entry_digest(key: str, entry: dict) -> str:
+    """The sha256 of a journal entry and its key (the data's digests, the rate and the seed), its own digest left out."""
+    body = {k: v for k, v in entry.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps([key, body], sort_keys=True).encode()).hexdigest()
+
+
+def _check_entries(path, runs: dict, allow_unchecked: bool) -> None:
+    """Every entry's score a number and its digest the one recorded when it was journaled."""
+    unchecked = []
+    for key, entry in runs.items():
+        score = entry.get("score") if isinstance(entry, dict) else None
+        if not isinstance(score, (int, float)) or isinstance(score, bool):
+            raise ValueError(f"{path}: entry {key!r} holds the score {score!r}, not a number: remove the entry (it "
+                             "is trained again) or restore the file")  # fmt: skip
+        if "sha256" not in entry:
+            unchecked.append(key)
+        elif entry["sha256"] != entry_digest(key, entry):
+            raise ValueError(f"{path}: entry {key!r} differs from the digest recorded when it was journaled: it was "
+                             "edited or damaged; remove the entry (it is trained again) or restore the file")  # fmt: skip
+    if unchecked:
+        message = f"{path}: {len(unchecked)} entries record no digest (the first: {unchecked[0]!r})"
+        if not allow_unchecked:
+            raise ValueError(f"{message}, so they cannot be checked: a journal written before entries carried "
+                             "digests (read it with load_journal(..., allow_unchecked=True)), or one edited")  # fmt: skip
+        warnings.warn(f"{message}; read unchecked, as asked", RuntimeWarning, stacklevel=3)
 
 
 @contextmanager
@@ -124,6 +156,7 @@ def _journaled(scorer: Scorer, journal: dict, path, task: str, splits: Splits, u
             entry = {"task": task, "train": len(train.texts), "scored_on": named.get(scored_on, scored_on),
                      "lr": lr, "seed": seed, "score": accuracy, "seconds": round(time.perf_counter() - start, 1),
                      "machine": machine}  # fmt: skip
+            entry["sha256"] = entry_digest(key, entry)
             journal["runs"][key] = entry
             write_results(path, journal)
             if progress:

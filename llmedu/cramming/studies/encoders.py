@@ -23,11 +23,11 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from ..models import SequenceClassifier, Transformer
+from ...models import SequenceClassifier, Transformer
+from ..evaluate import Data, Scorer
+from ..finetune import FIXED, FinetuneSettings, _collate, encode_texts, fit_classifier
+from ..pretrain import load_pretrained, load_run
 from .calibration import majority_accuracy, tfidf_accuracy
-from .evaluate import Data, Scorer
-from .finetune import FIXED, FinetuneSettings, _collate, encode_texts, fit_classifier
-from .pretrain import load_pretrained, load_run
 
 __all__ = [
     "finetune_scorer",
@@ -95,7 +95,7 @@ class _MiniLMEncoding(_Encoding):
     """bert-base-uncased's WordPiece, as all-MiniLM-L6-v2 ships it."""
 
     def __init__(self, max_len: int):
-        from ..compress.finetuned import tokenizer
+        from ...compress.finetuned import tokenizer
 
         self.tok, self.max_len, self._seen = tokenizer(), max_len, {}
         self.pad = self.tok.pad_token_id
@@ -108,7 +108,7 @@ def _minilm(n_classes: int):
     import transformers
     from transformers import BertForSequenceClassification
 
-    from ..data.references import reference_files
+    from ...data.references import reference_files
 
     transformers.logging.set_verbosity_error()  # the loading report would list the head we add
     folder = reference_files("all-minilm-l6-v2")["config.json"].parent

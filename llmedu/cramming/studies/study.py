@@ -37,17 +37,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..data.packing import packed_rows
+from ..data import CORPORA, packed_data
+from ..evaluate import TASKS, Splits, check_no_overlap, label_efficiency, make_splits, protocol, task_average
+from ..finetune import FIXED, duration
+from ..pretrain import PretrainRun, load_run, pretrain, read_run
 from .calibration import unigram_cross_entropy
-from .dedup import deduplicated_rows
 from .encoders import baseline_scorers, encoder_features, finetune_scorer, minilm_features, minilm_scorer, probe_scorer
-from .evaluate import TASKS, Splits, check_no_overlap, label_efficiency, make_splits, protocol, task_average
-from .finetune import FIXED
-from .pretrain import CORPORA, PretrainRun, held_out_chars, load_run, pretrain
 from .report import load_study
 
 __all__ = [
@@ -94,16 +94,10 @@ class StudyConfig:
 
 def unigram_line(run) -> float:
     """The unigram cross-entropy (nats) of a run's held-out text under its training text, with its tokenizer."""
-    saved = PretrainRun.from_dict(json.loads((Path(run) / "run.json").read_text()))
-    _, tokenizer = load_run(run)
-    seq_len = saved.recipe.model.max_seq_len
-    val_chars = held_out_chars(saved.max_chars, seq_len)
-    if saved.dedup:  # the text the run trained on and was measured on
-        train = deduplicated_rows(tokenizer, saved.corpora, "train", seq_len, saved.max_chars)
-        held = deduplicated_rows(tokenizer, saved.corpora, "validation", seq_len, val_chars)
-    else:
-        train = packed_rows(tokenizer, saved.corpora, "train", seq_len, saved.max_chars, progress=False)
-        held = packed_rows(tokenizer, saved.corpora, "validation", seq_len, val_chars, progress=False)
+    saved, (_, tokenizer) = read_run(run), load_run(run)
+    # the text the run trained on and was measured on
+    data = packed_data(tokenizer, saved.corpora, saved.recipe.model.max_seq_len, saved.max_chars, saved.dedup)
+    train, held = data.train, data.validation
     special = [tokenizer.vocab[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in tokenizer.vocab]
     return unigram_cross_entropy(train, held, tokenizer.vocab_size, special)
 
@@ -234,7 +228,7 @@ def run_study(
     if not runs:
         raise ValueError("give at least one pretraining run")
     for folder in runs.values():
-        saved = PretrainRun.from_dict(json.loads((Path(folder) / "run.json").read_text()))
+        saved = read_run(folder)
         check_no_overlap(config.tasks, saved.corpora)
         if not (Path(folder) / "summary.json").is_file():  # stopped: its last checkpoint is not the run's end
             raise ValueError(
@@ -260,6 +254,8 @@ def run_study(
             "unigram_cross_entropy": round(unigram_line(folder), 4),
         }
     models = _models(runs, config, controls=earlier is None)
+    if progress:
+        models = _announce_cost(models, splits_of, config)
     for task in config.tasks:
         splits = splits_of[task]
         per_model = {}
@@ -282,6 +278,46 @@ def run_study(
         results["average"][name] = task_average({t: r["models"][name] for t, r in results["tasks"].items()})
     write_results(out, results)
     return results
+
+
+MINILM_COST = 6  # a MiniLM fine-tuning step against one of ours at the CPU shape, as measured on a CPU
+
+
+def _announce_cost(models: dict, splits_of: dict, config: StudyConfig) -> dict:
+    """Print the fine-tunes' optimizer steps before the first, and wrap the first fine-tuned row's scorer so that
+    its first fine-tune, timed, gives the estimate of the whole (MiniLM's steps counted at ``MINILM_COST`` ours)."""
+    batch = FIXED.batch_size
+
+    def steps(n: int) -> int:
+        return config.epochs * (n // batch)
+
+    per_row = 0
+    for splits in splits_of.values():
+        n = len(splits.train.texts)
+        per_row += (len(config.lrs) + len(config.seeds)) * steps(n)
+        per_row += sum(len(config.seeds) * steps(min(size, n)) for size in config.label_sizes if size)
+    tuned = [name for name, (_, rates) in models.items() if rates != (None,)]
+    weight = sum(MINILM_COST if name.startswith("MiniLM") else 1 for name in tuned)
+    print(f"evaluate: {len(tuned)} fine-tuned rows ({', '.join(tuned)}) x {len(splits_of)} task(s): "
+          f"{per_row * len(tuned):,} optimizer steps, then the probes and baselines; the duration is measured "
+          "on the first fine-tune", file=sys.stderr, flush=True)  # fmt: skip
+    if not tuned:
+        return models
+    first, (scorer, rates) = tuned[0], models[tuned[0]]
+    timed = []
+
+    def score(train, test, lr, seed):
+        start = time.perf_counter()
+        value = scorer(train, test, lr, seed)
+        if not timed:
+            timed.append(time.perf_counter() - start)
+            rate = timed[0] / max(1, steps(len(train.texts)))
+            print(f"evaluate: the first fine-tune ({steps(len(train.texts))} steps) took {timed[0]:.0f} s: about "
+                  f"{duration(rate * per_row * weight)} for every fine-tune (measured on this machine; MiniLM's "
+                  f"steps counted at {MINILM_COST}x ours)", file=sys.stderr, flush=True)  # fmt: skip
+        return value
+
+    return models | {first: (score, rates)}
 
 
 def print_row(task: str, name: str, result: dict) -> None:

@@ -58,15 +58,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import runtime
-from ..data.packing import read_documents
-from ..tokenizers.basic import basic_tokenize, normalize
-from ..tokenizers.wordpiece import BERT_SPECIALS
+from ... import runtime
+from ...data.packing import read_documents
+from ...tokenizers.basic import basic_tokenize, normalize
+from ...tokenizers.wordpiece import BERT_SPECIALS
+from ..data import CORPORA, held_out_chars, prepare_data
+from ..evaluate import TASKS, check_no_overlap, make_splits
+from ..recipe import crammed
 from .budget_runs import StudyBudget, plan_runs, pretrain_recorded, run_record, study_results, write_results
 from .encoders import encoder_features, probe_scorer
-from .evaluate import TASKS, check_no_overlap, make_splits
-from .pretrain import CORPORA, held_out_chars, prepare_data
-from .recipe import crammed
 from .scaling_grid import parameter_counts
 from .scaling_report import budget_words
 from .study import unigram_line
@@ -176,7 +176,8 @@ def run_vocab_study(
     documents = read_documents(corpora, "validation", held_out_chars(max_chars, seq_len))  # the held-out text
     data, held_out = {}, {}
     for name, recipe in recipes.items():
-        tokenizer, train_rows, _ = prepare_data(recipe, corpora, max_chars, tokenizer_chars, progress=False)
+        data = prepare_data(recipe, corpora, max_chars, tokenizer_chars, progress=False)
+        tokenizer, train_rows = data.tokenizer, data.train
         if tokenizer.vocab_size != recipe.model.vocab_size:
             raise ValueError(
                 f"the tokenizer's sample ran out at {tokenizer.vocab_size} entries, short of {name}: "
@@ -206,7 +207,7 @@ def run_vocab_study(
         **{"max_chars": max_chars, "tokenizer_chars": tokenizer_chars, "seed": seed, "evals": evals},
         **{"eval_batches": eval_batches, "probe": probe_config if probe else None},
     }
-    command = command or "llmedu.cramming.vocab_study.run_vocab_study (from Python)"
+    command = command or "llmedu.cramming.studies.vocab_study.run_vocab_study (from Python)"
     results = study_results(command, device, start, config)
     with tempfile.TemporaryDirectory(prefix="cramming-vocab-") as scratch:
         folders = Path(runs_dir) if runs_dir is not None else Path(scratch)
