@@ -7,6 +7,14 @@ the collectives here go through ``_exchange``, which posts one receive and one s
 a rank of a ring talks to both its neighbours at once, and a tree's ``_send`` and ``_recv`` are its two
 halves.
 
+Several messages between the same two ranks are matched by the order they are posted in, not by their
+``tag``: NCCL ignores tags (pytorch/pytorch#94819; documented since pytorch/pytorch#125278), the n-th send
+from i to j meets the n-th receive on j from i, and each rank's sends and receives run one after the
+other in the order it posted them (a send waits until its receive runs). ``post`` puts a rank's sends
+and receives of one moment in one batch (``batch_isend_irecv``), so that two ranks that send to each
+other at once do not each wait for the other's receive; ``Mailbox`` posts a pipeline's many messages
+in an order given to it (``pipeline_schedules.message_order``: one order for the whole step).
+
 ``with traffic() as t:`` counts the payload bytes and the messages this rank sends inside the block,
 so that what an algorithm really sends can be compared with its cost model (``ring_all_reduce_bytes``).
 Messages that only check the arguments (``count=False``) are left out of the count.
@@ -14,14 +22,15 @@ Messages that only check the arguments (``count=False``) are left out of the cou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Traffic", "traffic", "count_sent"]
+__all__ = ["Traffic", "traffic", "count_sent", "post", "Mailbox"]
 
 
 @dataclass
@@ -77,3 +86,73 @@ def _send(tensor: torch.Tensor, dst: int) -> None:
 
 def _recv(buffer: torch.Tensor, src: int) -> None:
     _exchange(None, -1, buffer, src)
+
+
+def post(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> list:
+    """Post receives into ``recvs`` [(buffer, src)] and ``sends`` [(tensor, dst)] as one batch; returns a
+    handle to ``wait()`` on for each receive, then for each send. Nothing to post: no handles."""
+    ops = [dist.P2POp(dist.irecv, buffer, src) for buffer, src in recvs]
+    ops += [dist.P2POp(dist.isend, tensor, dst) for tensor, dst in sends]
+    if not ops:
+        return []
+    works = dist.batch_isend_irecv(ops)
+    return works if len(works) == len(ops) else works * len(ops)  # NCCL: one handle for the whole batch
+
+
+class Mailbox:
+    """A rank's messages of one step, posted in an agreed order.
+
+    ``order`` lists this rank's messages as ("send" or "recv", peer, key) in the order it must post them
+    (every pair of ranks must post the messages between them in the same order). ``send(key, tensor)``
+    posts the send together with the receives that come before it; ``recv(key)`` posts the receives up
+    to ``key`` (if not posted yet) and waits for ``key``'s. A receive posted early lands in its own
+    buffer (``new_buffer(key)``) and stays there until asked for. Sends must come in the agreed order:
+    that the rank computes them in that order is for whoever makes the order to guarantee.
+    """
+
+    def __init__(self, order: list[tuple], new_buffer: Callable[[Hashable], torch.Tensor], log=None):
+        self.queue = deque(order)  # not yet posted
+        self.new_buffer, self.log = new_buffer, log
+        self.posted: dict = {}  # key -> (buffer, handle): receives posted, perhaps not yet arrived
+        self.sending: list = []  # handles of the sends posted
+
+    def send(self, key: Hashable, tensor: torch.Tensor) -> None:
+        self._post_through(key, tensor)
+
+    def recv(self, key: Hashable) -> torch.Tensor:
+        if key not in self.posted:
+            self._post_through(key)
+        buffer, handle = self.posted.pop(key)
+        with self.log.span("comm", f"recv {key}") if self.log else nullcontext():
+            handle.wait()
+        return buffer
+
+    def wait_for_sends(self) -> None:
+        """Wait until every send has left; refuse a step that left messages unposted or unread."""
+        for handle in self.sending:
+            handle.wait()
+        if self.queue or self.posted:
+            left = [str(key) for *_, key in self.queue] + [str(key) for key in self.posted]
+            raise RuntimeError(f"messages of the step never sent or read: {left}")
+
+    def _post_through(self, key: Hashable, tensor: torch.Tensor | None = None) -> None:
+        """Post, as one batch, the messages up to ``key`` in the order: receives, then ``key`` itself."""
+        sends, recvs, kind = [], [], "recv" if tensor is None else "send"
+        while True:
+            if not self.queue:
+                raise RuntimeError(f"{key} is not among this rank's messages still to {kind}")
+            direction, peer, next_key = self.queue.popleft()
+            if next_key == key and direction != kind:
+                raise RuntimeError(f"{key} is a message this rank must {direction}, not {kind}")
+            if next_key != key and direction == "send":  # a send of ours comes first: it was computed too late
+                raise RuntimeError(f"{key} was posted before {next_key}, which comes first in the order")
+            if direction == "send":
+                sends.append((tensor, peer))
+            else:
+                recvs.append((self.new_buffer(next_key), peer, next_key))
+            if next_key == key:
+                break
+        handles = post(sends, [(buffer, peer) for buffer, peer, _ in recvs])
+        for (buffer, _, k), handle in zip(recvs, handles):
+            self.posted[k] = (buffer, handle)
+        self.sending += handles[len(recvs) :]

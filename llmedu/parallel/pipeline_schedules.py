@@ -36,6 +36,10 @@ backward t_b = 2 t_f, on one rank per micro-batch and stage) and free communicat
                                                                         (p-1) / (3m + p-1)
                   (peak memory as 1F1B's: every rank holds at most p micro-batches until their W)
 
+**Messages**: a forward sends its activation to the next stage, a backward (B or I) its input gradient
+to the one before. ``message_order`` gives, for every pair of ranks, the one order in which both post
+the messages between them (NCCL pairs sends and receives by that order alone, not by tag).
+
 ``simulate`` runs any schedule with given action times (free communication unless given a latency
 per message) and refuses a schedule that cannot run (a stage waiting for work that comes after it).
 With free communication its step times equal the formulas above
@@ -49,7 +53,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-__all__ = ["Action", "SCHEDULES", "schedule", "simulate", "theoretical_bubble", "bubble_fraction"]
+__all__ = [
+    "Action",
+    "SCHEDULES",
+    "schedule",
+    "simulate",
+    "theoretical_bubble",
+    "bubble_fraction",
+    "Message",
+    "message_order",
+]
 
 
 class Action(NamedTuple):
@@ -142,6 +155,11 @@ def simulate(per_rank: list[list[Action]], times: dict[str, float] | None = None
     (rank, lane, label, start, end) as ``Pipeline`` records them; ValueError if the lists are not
     a valid schedule (an action twice, a backward before its forward, or ranks waiting on each other).
     """
+    return _simulate(per_rank, times, latency)[0]
+
+
+def _simulate(per_rank, times=None, latency=0.0) -> tuple[list[dict], dict[tuple[str, int, int], float]]:
+    """``simulate``'s events, and the end time of every action as {(kind, micro, global stage): time}."""
     times = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, **(times or {})}
     p = len(per_rank)
     last = p * (1 + max(a.chunk for actions in per_rank for a in actions)) - 1  # the last global stage
@@ -180,7 +198,7 @@ def simulate(per_rank: list[list[Action]], times: dict[str, float] | None = None
         if not progress:
             stuck = {r: str(per_rank[r][nxt[r]]) for r in range(p) if nxt[r] < len(per_rank[r])}
             raise ValueError(f"the schedule cannot run: ranks wait on each other at {stuck}")
-    return events
+    return events, done
 
 
 def theoretical_bubble(n_stages: int, n_micro: int, name: str = "1f1b", n_chunks: int = 1) -> float:
@@ -205,3 +223,47 @@ def bubble_fraction(events: list[dict]) -> float:
     ranks = sorted({e["rank"] for e in events})
     busy = [sum(e["end"] - e["start"] for e in events if e["rank"] == r and e["lane"] == "compute") for r in ranks]
     return 1.0 - sum(busy) / (len(ranks) * (t1 - t0))
+
+
+# -- the order of messages ------------------------------------------------------------------------------------
+class Message(NamedTuple):
+    """One tensor that crosses between stages in a step."""
+
+    micro: int
+    to_stage: int  # the global stage that receives it
+    grad: bool  # False: the activation from stage to_stage - 1; True: the gradient from stage to_stage + 1
+
+    def __str__(self) -> str:
+        return f"{'gradient' if self.grad else 'activation'} of micro-batch {self.micro} to stage {self.to_stage}"
+
+
+def message_order(name: str, n_micro: int, n_stages: int, rank: int, n_chunks: int = 1) -> list[tuple]:
+    """The messages of ``rank`` in a step, in the order it posts them: [("send" or "recv", peer, Message)].
+
+    Messages are matched by the order they are posted in, not by their tag: NCCL ignores tags
+    (pytorch/pytorch#94819), the n-th send from i to j meets the n-th receive on j from i, and each
+    rank's batches of sends and receives run one after the other in the order it posted them. So two
+    ranks must post the messages between them in the same order, and no rank may post a send ahead of a
+    receive that the chain of ranks its send waits on needs first (p ranks, each sending to the next
+    before it receives from the one before, would wait for each other for ever). One order for the
+    whole step does both: the order in which ``simulate``, with its unit times, sends the messages
+    (ties: the lower rank's first); each rank posts its own messages in that order. Every rank computes
+    it from the schedules alone, so no message is needed to agree on it.
+    """
+    p, v = n_stages, n_chunks
+    _, end = _simulate([schedule(name, n_micro, p, r, v) for r in range(p)])
+    last = p * v - 1  # the last global stage
+    sent = []  # (time sent, sending rank, message)
+    for (kind, i, g), t in end.items():
+        if kind == "F" and g < last:  # a forward sends its activation on
+            sent.append((t, g % p, Message(i, g + 1, grad=False)))
+        elif kind in "BI" and g > 0:  # a backward (or its input half) sends the input gradient back
+            sent.append((t, g % p, Message(i, g - 1, grad=True)))
+    order = []
+    for _, sender, message in sorted(sent):
+        receiver = message.to_stage % p
+        if sender == rank:
+            order.append(("send", receiver, message))
+        elif receiver == rank:
+            order.append(("recv", sender, message))
+    return order
