@@ -9,6 +9,10 @@ stand in the way, and this file is how they are solved:
   function *by value* with ``cloudpickle`` and start fresh interpreters that read it.
 * ``fork`` would avoid pickling, but a child forked from a process whose OpenMP/CUDA threads are
   running can deadlock. Fresh interpreters have no such state; we never fork a live PyTorch.
+  Each runs ``launch_rank.main`` from a script in the launcher's private job folder, with the parent's
+  import path less the working folder: ``python -c`` would put the working folder first, and a
+  ``cloudpickle.py`` (or ``torch.py``) lying there would run in every rank. A worker from a module
+  in the working folder (a notebook's helper file) travels by value instead.
 
 Each child gets the environment ``torchrun`` would give it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the group with ``env://``, so the
@@ -35,9 +39,12 @@ raises ``WorkerError``, which names the rank to blame):
 * A rank **dies without a traceback** (SIGKILL from the out-of-memory killer, ``os._exit``,
   a crash in C++): it is blamed, with its exit status and last lines of output, ahead of the
   survivors whose collectives then failed.
+* A rank **skips collectives**: its peers wait for calls it never makes and fail (a timeout, or a
+  closed connection once it exits). Each rank leaves the number of collectives it called, and the
+  rank that called fewer is named, not the peer that failed waiting.
 * A rank **hangs**: a collective that waits longer than ``timeout`` seconds (default 30) fails
   in the ranks that wait, and the ranks still running are asked where they are (their Python
-  stacks). A rank still running ``timeout`` seconds after a peer finished with its result is
+  stacks). A rank still running ``timeout`` seconds (and a few) after a peer finished with its result is
   stuck too (the ranks run one program): every rank is stopped and the stuck ones are named,
   with their stacks. A rank stalled while every peer is busy elsewhere can only be caught by
   ``deadline``: seconds, counted once every rank has started, after which ``launch`` stops every
@@ -56,14 +63,11 @@ Left out: several machines (use ``torchrun``), restarts on failure (torchelastic
 
 from __future__ import annotations
 
-import datetime
-import gc
 import os
 import shutil
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,23 +76,21 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from .launch_rank import EVERYONE_STARTED, STARTED, bind_gpu, join_group
 from .processes import (
-    TIMEOUT_HINT,
     Relay,
     blame,
-    exit_with_parent,
+    check_arguments,
     job_folder,
     not_started,
     stop,
-    watch_for_stack_requests,
 )
 
 __all__ = ["launch", "WorkerError"]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _BOTH = "cpu:gloo,cuda:nccl"  # one group, each collective routed by its tensors' device
-_STARTED = "llmedu/started"  # each rank sets {_STARTED}/{rank} on reaching the start-up barrier
-_EVERYONE_STARTED = "llmedu/everyone started"  # key of the start-up barrier in the launcher's store
+_GRACE = 3.0  # seconds past `timeout` before a rank still running after a peer's result is stopped
 
 
 class WorkerError(RuntimeError):
@@ -123,19 +125,7 @@ def launch(
     prints each rank's output prefixed by ``[rank r]``. The names ``backend``, ``timeout``, ``deadline``,
     ``startup`` and ``echo`` are therefore not passed on to the worker.
     """
-    if not callable(worker):
-        raise TypeError(f"worker must be a function, got {type(worker).__name__}")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
-    if deadline is not None and deadline <= 0:
-        raise ValueError(f"deadline must be positive seconds or None, got {deadline!r}")
-    if startup <= 0:
-        raise ValueError(f"startup must be positive seconds, got {startup!r}")
-    if backend not in (None, "gloo", "nccl", _BOTH):
-        raise ValueError(f"backend must be 'gloo', 'nccl' or {_BOTH!r}, got {backend!r}")
-
+    check_arguments(worker, world_size, backend, timeout, deadline, startup)
     if dist.is_initialized():  # the group exists (its backend is the caller's): run the worker in it
         return _run_in_this_process(worker, world_size, args, kwargs, backend, timeout)
     under_torchrun = all(v in os.environ for v in _TORCHRUN_VARS)
@@ -172,8 +162,8 @@ def default_backend(local_ranks: int) -> str:
 def _run_in_this_process(worker, world_size, args, kwargs, backend, timeout) -> list[Any]:
     we_initialised = not dist.is_initialized()
     if we_initialised:
-        _bind_gpu(backend)
-        _join_group(backend, timeout)
+        bind_gpu(backend)
+        join_group(backend, timeout)
     if dist.get_world_size() != world_size:
         raise ValueError(
             f"launch(..., world_size={world_size}) inside a world of {dist.get_world_size()} processes "
@@ -189,17 +179,6 @@ def _run_in_this_process(worker, world_size, args, kwargs, backend, timeout) -> 
             dist.destroy_process_group()
 
 
-def _bind_gpu(backend: str) -> None:
-    """With NCCL in the group, this rank's GPU is ``cuda:LOCAL_RANK``: made current before anything touches CUDA."""
-    if "nccl" in backend:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
-
-
-def _join_group(backend: str, timeout: float) -> None:
-    """``env://`` initialisation from the variables torchrun (or our parent) set; the GPU is bound already."""
-    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
-
-
 # -- from a notebook: start fresh interpreters -------------------------------------------------
 def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, startup, echo) -> list[Any]:
     folder = job_folder()
@@ -209,13 +188,16 @@ def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, de
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs: list[subprocess.Popen] = []
     try:
-        (folder / "job.pkl").write_bytes(cloudpickle.dumps((worker, args, kwargs)))
-        env = _child_environment(world_size, backend, timeout, store.port)
-        code = "from llmedu.parallel.launch import _child_main; _child_main()"
+        path, left_out = _import_path()
+        (folder / "job.pkl").write_bytes(_dumps((worker, args, kwargs), left_out))
+        env = _child_environment(world_size, backend, timeout, store.port, path)
+        # a script in our private folder, not `python -c`: that would put the working folder first on the
+        # ranks' import path, and a cloudpickle.py (or torch.py...) lying there would run in every rank
+        (folder / "rank.py").write_text("from llmedu.parallel.launch_rank import main\nmain()\n")
         for rank in range(world_size):
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", code, str(folder)],
+                    [sys.executable, str(folder / "rank.py"), str(folder)],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     stdin=subprocess.PIPE,  # never written: its end of file tells the rank we died
                     stdout=subprocess.PIPE,
@@ -233,7 +215,30 @@ def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, de
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _child_environment(world_size: int, backend: str, timeout: float, port: int) -> dict[str, str]:
+def _import_path() -> tuple[list[str], list[str]]:
+    """The parent's import path for the ranks (absolute), less the working folder ('' or its path): what
+    lies there is not code the ranks should import; and the folders left out."""
+    here = os.path.realpath(os.getcwd())
+    path = [os.path.abspath(p) for p in sys.path]
+    return [p for p in path if os.path.realpath(p) != here], [p for p in path if os.path.realpath(p) == here]
+
+
+def _dumps(job, left_out: list[str]) -> bytes:
+    """cloudpickle the job; a worker from a module in a left-out folder travels by value, as it could not
+    be imported there (a notebook's helper file beside it)."""
+    module = sys.modules.get(getattr(job[0], "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    by_value = module is not None and file is not None and os.path.dirname(os.path.abspath(file)) in left_out
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(job)
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _child_environment(world_size: int, backend: str, timeout: float, port: int, path: list[str]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         WORLD_SIZE=str(world_size),
@@ -245,7 +250,7 @@ def _child_environment(world_size: int, backend: str, timeout: float, port: int)
         LLMEDU_PARENT_PID=str(os.getpid()),
         PYTHONUNBUFFERED="1",  # so that each print reaches the notebook when it happens
         # the parent's import path, so that the worker's module (a test file, say) imports there too
-        PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path),
+        PYTHONPATH=os.pathsep.join(path),
     )
     # N processes share the cores: cores / N intra-op threads each (at least one), unless the user
     # set OMP_NUM_THREADS; more would make every kernel wait for threads that have no core to run on
@@ -269,7 +274,7 @@ def _watch(
 
     The ``deadline`` counts from the moment every rank has started (the start-up barrier in
     ``store`` is passed): it bounds the worker, however long start-up took on a busy machine.
-    Once a rank has finished with its result, the others get ``timeout`` seconds to finish too:
+    Once a rank has finished with its result, the others get ``timeout`` seconds (and a few more) to finish too:
     the ranks run the same program, so one still running long after a peer returned is stuck.
     """
     relay = Relay(procs, echo)
@@ -277,11 +282,11 @@ def _watch(
     started, start_by = False, time.monotonic() + startup
     while relay.selector.get_map() or any(p.poll() is None for p in procs):
         relay.pump(wait=0.1)
-        started = started or store.check([_EVERYONE_STARTED])
+        started = started or store.check([EVERYONE_STARTED])
         if deadline is not None and give_up is None and started:
             give_up = time.monotonic() + deadline
         if not started and time.monotonic() > start_by and all(p.poll() is None for p in procs):
-            absent = [r for r in range(len(procs)) if not store.check([f"{_STARTED}/{r}"])]
+            absent = [r for r in range(len(procs)) if not store.check([f"{STARTED}/{r}"])]
             detail = not_started(procs, folder, absent, startup)
             stop(procs)
             raise WorkerError(absent[0], detail, "did not start in time:")
@@ -291,7 +296,8 @@ def _watch(
             first_done = time.monotonic()
         running = any(p.poll() is None for p in procs)
         late = give_up is not None and time.monotonic() > give_up and running
-        straggling = first_done is not None and time.monotonic() - first_done > timeout and running
+        # a little past `timeout`: a rank waiting in a collective for the one that returned reports first
+        straggling = first_done is not None and time.monotonic() - first_done > timeout + _GRACE and running
         if failed or late or straggling:
             rank, headline, detail = blame(procs, folder, failed, deadline if late else None, timeout)
             stop(procs)
@@ -301,57 +307,3 @@ def _watch(
                 tail = "\n".join(relay.tails[rank]).strip()
                 detail = f"Its last output:\n{tail}" if tail else "It printed nothing."
             raise WorkerError(rank, detail, headline)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Write whole or not at all, so that the launcher never reads half a report."""
-    part = path.with_suffix(".part")
-    part.write_bytes(data)
-    os.replace(part, path)
-
-
-def _child_main() -> None:
-    """Entry point of each child: join the group, run the worker, leave the result in a file."""
-    exit_with_parent(int(os.environ["LLMEDU_PARENT_PID"]))
-    folder = Path(sys.argv[1])
-    rank = int(os.environ["RANK"])
-    watch_for_stack_requests(folder / f"stack{rank}.txt")
-    timeout = float(os.environ["LLMEDU_TIMEOUT"])
-    try:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        _bind_gpu(os.environ["LLMEDU_BACKEND"])  # before unpickling: CUDA tensors in the job land on this GPU
-        worker, args, kwargs = cloudpickle.loads((folder / "job.pkl").read_bytes())  # imports happen here
-        _wait_for_every_rank()
-        _join_group(os.environ["LLMEDU_BACKEND"], timeout)
-        result = worker(*args, **kwargs)
-        payload = cloudpickle.dumps(result)
-        del worker, args, kwargs, result
-        gc.collect()  # free what the worker left (a DistributedDataParallel...) while its group lives
-        dist.destroy_process_group()
-    except BaseException as err:  # every failure, even KeyboardInterrupt, goes back to the parent
-        detail = traceback.format_exc()
-        if "timed out" in str(err).lower() or "timeout" in type(err).__name__.lower():
-            detail += (
-                f"\n{TIMEOUT_HINT}{timeout:g} s. Usually the ranks did not call the same "
-                "collectives in the same order (or one rank stopped calling them)."
-            )
-        _write(folder / f"error{rank}.txt", detail.encode())
-        sys.stdout.flush()
-        os._exit(1)  # skip atexit handlers that could wait forever on a broken group
-    _write(folder / f"result{rank}.pkl", payload)
-    sys.stdout.flush()
-    # the work is done: skip the interpreter's teardown, where C++ threads of the communication
-    # library can abort the process if destroyed in the wrong order
-    os._exit(0)
-
-
-def _wait_for_every_rank() -> None:
-    """A start-up barrier on the launcher's store, without time limit: a rank still importing
-    PyTorch on a busy machine is worth waiting for, and the launcher notices one that dies."""
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(days=1)
-    )
-    store.set(f"{_STARTED}/{os.environ['RANK']}", "")
-    if store.add(_STARTED, 1) == int(os.environ["WORLD_SIZE"]):
-        store.set(_EVERYONE_STARTED, "")
-    store.wait([_EVERYONE_STARTED])

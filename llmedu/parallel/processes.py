@@ -48,6 +48,7 @@ __all__ = [
     "not_started",
     "stop",
     "blame",
+    "check_arguments",
     "TIMEOUT_HINT",
 ]
 
@@ -57,6 +58,22 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 # -- in the launcher ---------------------------------------------------------------------------
+def check_arguments(worker, world_size, backend, timeout, deadline, startup) -> None:
+    """``launch``'s guards: each bad argument is an error that names it."""
+    if not callable(worker):
+        raise TypeError(f"worker must be a function, got {type(worker).__name__}")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    if deadline is not None and deadline <= 0:
+        raise ValueError(f"deadline must be positive seconds or None, got {deadline!r}")
+    if startup <= 0:
+        raise ValueError(f"startup must be positive seconds, got {startup!r}")
+    if backend not in (None, "gloo", "nccl", "cpu:gloo,cuda:nccl"):
+        raise ValueError(f"backend must be 'gloo', 'nccl' or 'cpu:gloo,cuda:nccl', got {backend!r}")
+
+
 def job_folder() -> Path:
     """A new temporary folder named after this process; folders of dead launchers are removed."""
     for old in Path(tempfile.gettempdir()).glob(_PREFIX + "*"):
@@ -173,8 +190,10 @@ def blame(
 
     A rank that died without a traceback (SIGKILL, ``os._exit``, a crash in C++) comes first:
     its peers fail moments later only because their connection to it closed. Otherwise the
-    first traceback written is the cause. When the failure is a hang, the ranks still running
-    are asked where they are.
+    first traceback written is the cause, unless a rank that returned its result (or timed out) had
+    called fewer collectives than the rank that wrote it: that rank skipped some (or fell behind), and
+    its peers failed waiting for it (a timeout, or its connection closed when it exited). When the failure is a hang, the ranks still
+    running are asked where they are.
     """
     running = [r for r, p in enumerate(procs) if p.poll() is None]
     reports = {int(f.stem[len("error") :]): f for f in folder.glob("error*.txt")}
@@ -190,6 +209,21 @@ def blame(
         detail = reports[rank].read_text()
         if TIMEOUT_HINT in detail and running:
             detail += _where(procs, running, folder, "still running when it gave up")
+        calls = {int(f.stem[len("calls") :]): f.read_text() for f in folder.glob("calls*.txt")}
+        calls = {r: int(n) for r, n in calls.items() if n.isdigit()}
+        behind = min(calls, key=lambda r: (calls[r], r), default=rank)
+        skipped = rank in calls and calls[behind] < calls[rank] and (behind not in reports or TIMEOUT_HINT in detail)
+        if skipped:
+            counts = ", ".join(f"rank {r}: {calls[r]}" for r in sorted(calls))
+            return (
+                behind,
+                "fell behind its peers:",
+                (
+                    f"it called {calls[behind]} collectives where rank {rank} called {calls[rank]} ({counts}): it "
+                    f"skipped some, or stopped calling them, and rank {rank} failed waiting for it. Rank {rank}'s error:\n"
+                    + detail
+                ),
+            )
         return rank, "failed:", detail
     if deadline is not None:
         detail = (
