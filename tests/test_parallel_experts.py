@@ -98,6 +98,13 @@ def _worker() -> tuple[dict, list[str]]:
         lambda: all_to_all(torch.zeros(3, D), [1] * n, [1] * n),
     ]
     messages = raised(*bad)
+    torch.manual_seed(0)
+    router_off = MoE(D, D_FF, n_experts=2 * n)
+    with torch.no_grad():
+        router_off.router.linear.weight[0, 0] += dist.get_rank() * 1e-3  # a replicated router, barely off
+    torch.manual_seed(dist.get_rank())  # another seed on every rank: the old code ran and was off by 0.6-0.8
+    seeded = MoE(D, D_FF, n_experts=2 * n)
+    messages += raised(lambda: ExpertParallelMoE(seeded), lambda: ExpertParallelMoE(router_off), kind=RuntimeError)
     return results, messages
 
 
@@ -132,10 +139,14 @@ def test_drops_and_bytes_are_counted(ranks):
 def test_bad_input_fails_clearly(ranks):
     n, results = ranks
     for _, messages in results:
-        assert len(messages) == 4, messages
+        assert len(messages) == 6, messages
         assert f"{2 * n + 1} experts do not split evenly over {n} ranks" in messages[0]
         assert "impl must be one of ('torch', 'p2p'), got 'nccl'" in messages[1]
         assert f"one split per rank ({n})" in messages[2]
         assert f"send_splits add up to {n} rows, but x has 3" in messages[3]
+        shape = f"({2 * n}, {D})"  # the router's weight: one row per expert
+        assert messages[4].startswith(f"ExpertParallelMoE: router.linear.weight {shape} differs across the ranks")
+        assert messages[5].startswith(f"ExpertParallelMoE: router.linear.weight {shape} differs across the ranks (1 of")
+        assert "seed every rank alike" in messages[4]
     with pytest.raises(ValueError, match="5 experts do not split evenly over 2 ranks"):
         all_to_all_bytes(torch.ones(2, 5, dtype=torch.long), 0, D)

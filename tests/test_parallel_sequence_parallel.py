@@ -18,6 +18,7 @@ from raised import raised
 
 from llmedu.nn.blocks import SerialBlock
 from llmedu.parallel import launch
+from llmedu.parallel.replicas import check_replicas_agree
 from llmedu.parallel.sequence_parallel import (
     SequenceParallelMLPBlock,
     all_reduce_sequence_parallel_grads,
@@ -27,6 +28,7 @@ from llmedu.parallel.sequence_parallel import (
     reduce_scatter_sequence,
     sequence_shard,
 )
+from llmedu.parallel.sequence_parallel_attention import SequenceParallelBlock
 from llmedu.parallel.tensor_parallel import shard
 
 ATOL = 1e-5
@@ -101,6 +103,23 @@ def _bad_length_messages() -> list[str]:
     return raised(lambda: sequence_shard(torch.zeros(B, 7, D)), lambda: reduce_scatter_sequence(torch.zeros(B, 7, D)))
 
 
+def _replica_messages() -> list[str]:
+    """Blocks built from weights that differ across the ranks: each rank raises, naming the first tensor."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    norm_off = SerialBlock(D, 4, 4 * D)  # 4 heads: SP=4 runs it too
+    with torch.no_grad():
+        norm_off.mlp_norm.weight[3] += rank * 1e-3  # only a replicated norm differs, and barely
+    torch.manual_seed(rank)  # another seed on every rank: the old code ran and was off by 0.6-0.8
+    seeded = SerialBlock(D, 4, 4 * D)
+    return raised(
+        lambda: SequenceParallelBlock(seeded),
+        lambda: SequenceParallelMLPBlock(norm_off.mlp_norm, norm_off.mlp),
+        lambda: check_replicas_agree({"": torch.nn.Linear(D, D + rank)}, what="a Linear"),  # other shapes
+        kind=RuntimeError,
+    )
+
+
 def _worker() -> dict:
     torch.set_num_threads(1)
     block, without = _block_errors()
@@ -109,6 +128,7 @@ def _worker() -> dict:
         block=block,
         without_all_reduce=without,
         messages=_bad_length_messages(),
+        replicas=_replica_messages(),
         memory=mlp_activation_bytes(B, T, D, dtype=torch.bfloat16),
     )
 
@@ -145,6 +165,7 @@ def test_sp4_equals_the_plain_block():
     for rank, result in enumerate(launch(_worker, 4, echo=False)):
         _assert_small(result["conjugates"], f"SP=4 rank {rank}")
         _assert_small(result["block"], f"SP=4 rank {rank}")
+        assert len(result["replicas"]) == 3, result["replicas"]  # refused at 4 ranks too
 
 
 def test_sequence_not_divisible_fails_clearly(two_ranks):
@@ -152,6 +173,16 @@ def test_sequence_not_divisible_fails_clearly(two_ranks):
     assert len(messages) == 2, messages
     for message in messages:
         assert "7 tokens" in message and "2 sequence-parallel ranks" in message, message
+
+
+def test_weights_that_differ_across_ranks_are_refused_naming_the_tensor(two_ranks):
+    for rank, result in enumerate(two_ranks):
+        messages = result["replicas"]
+        assert len(messages) == 3, f"rank {rank}: {messages}"
+        assert messages[0].startswith("SequenceParallelAttentionBlock: attn.q_proj.weight (16, 16) differs")
+        assert "seed every rank alike" in messages[0]
+        assert messages[1].startswith("SequenceParallelMLPBlock: norm.weight (16,) differs across the ranks (1 of")
+        assert messages[2].startswith("a Linear: the ranks hold different models: weight has 256 to 272 elements")
 
 
 def test_sequence_parallel_saves_activation_memory(two_ranks):
