@@ -59,6 +59,7 @@ from ..runtime import process_alive
 
 __all__ = [
     "CheckpointError",
+    "UncheckedCheckpointError",
     "save",
     "prune",
     "check_keep",
