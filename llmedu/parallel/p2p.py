@@ -66,17 +66,16 @@ def _exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, sr
     """Send ``send`` to ``dst`` while receiving into ``recv`` from ``src``; wait for both.
 
     Posting both before waiting is what lets a whole ring move at once: with a blocking send
-    first, every rank would wait for a neighbour that is itself waiting to send. Empty buffers
-    are skipped (both ends know the sizes, so both skip).
+    first, every rank would wait for a neighbour that is itself waiting to send. Both go in one
+    batch (``post``): on a ring of two, NCCL would otherwise run each rank's receive before its
+    send, each waiting for the other's send. Empty buffers are skipped (both ends know the sizes,
+    so both skip).
     """
-    works = []
-    if recv is not None and recv.numel() > 0:
-        works.append(dist.irecv(recv, src))
-    if send is not None and send.numel() > 0:
-        if count:
-            count_sent(send.numel() * send.element_size(), 1)
-        works.append(dist.isend(send, dst))
-    for work in works:
+    recvs = [(recv, src)] if recv is not None and recv.numel() > 0 else []
+    sends = [(send, dst)] if send is not None and send.numel() > 0 else []
+    if sends and count:
+        count_sent(send.numel() * send.element_size(), 1)
+    for work in post(sends, recvs):
         work.wait()
 
 
