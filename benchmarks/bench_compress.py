@@ -1,14 +1,14 @@
 """Compression of one fine-tuned model: bytes on disk, CPU latency per batch and accuracy, one run.
 
-    python benchmarks/bench_compress.py                  # the base: Recipe()'s if cached, else FAST_RECIPE's
+    python benchmarks/bench_compress.py                  # the base: Recipe()'s if cached, else the shipped one
     python benchmarks/bench_compress.py --base full      # Recipe()'s, fine-tuned first if not cached
     python benchmarks/bench_compress.py --threads 1 --batch 8 --distill-steps 20 --finetune-steps 5 \
         --val-limit 128 --base fast                      # lesson 20's fast mode
 
 The base is all-MiniLM-L6-v2 fine-tuned on Rotten Tomatoes by ``llmedu.compress.finetuned``
-(``Recipe()``, or the shorter ``FAST_RECIPE``; the table's header names the one used; cached in the data
-cache after the first run: fine-tune it with the ordinary wrapper before a quiet run, so that the quiet
-run only measures). Every row compresses that same model and is measured by
+(``Recipe()``, cached in the data cache after the first run: fine-tune it with the ordinary wrapper before
+a quiet run, so that the quiet run only measures), or fast mode's ``SHIPPED`` base (lesson 17's shipped
+LoRA adapter merged into the pretrained weights: nothing to train); the table's header names the one used. Every row compresses that same model and is measured by
 ``llmedu.compress.compare.measure``: safetensors bytes (torch.save bytes where safetensors cannot hold
 the weights), the median and minimum of ``--repeats`` forward passes over one batch of ``--batch``
 validation snippets padded to their longest (at most 64 tokens), at ``torch.set_num_threads(--threads)``,
@@ -97,7 +97,7 @@ def main() -> None:
         "--base",
         choices=("auto", "full", "fast"),
         default="auto",
-        help="full: Recipe(); fast: FAST_RECIPE; auto: Recipe() if cached, else FAST_RECIPE",
+        help="full: Recipe(); fast: the shipped base; auto: Recipe() if cached, else the shipped base",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -105,15 +105,24 @@ def main() -> None:
 
     from llmedu.compress import compare
     from llmedu.compress.baselines import BagOfWords, majority_accuracy
-    from llmedu.compress.finetuned import FAST_RECIPE, Recipe, finetuned_classifier, lesson_base, rotten_tomatoes
+    from llmedu.compress.finetuned import (
+        SHIPPED,
+        Recipe,
+        finetuned_classifier,
+        lesson_base,
+        rotten_tomatoes,
+        shipped_base,
+    )
     from llmedu.compress.pruning import head_importance, linear_weights, sparsity
     from llmedu.data import load_classification
 
     if args.base == "auto":
         base, recipe = lesson_base(fast=True)
-    else:
-        recipe = Recipe() if args.base == "full" else FAST_RECIPE
+    elif args.base == "full":
+        recipe = Recipe()
         base = finetuned_classifier(recipe)
+    else:
+        recipe, base = SHIPPED, shipped_base()
     val = rotten_tomatoes("validation", 64, limit=args.val_limit)
     train = rotten_tomatoes("train", recipe.batch_size, seed=1)  # another order than the base's
     batch = rotten_tomatoes("validation", args.batch, seed=2)[0]

@@ -99,15 +99,16 @@ def test_lesson_base_takes_the_full_recipe_when_cached_and_says_so(monkeypatch, 
     from llmedu.compress import finetuned
 
     monkeypatch.setattr(finetuned, "finetuned_classifier", lambda recipe, verbose=True: f"model of {recipe.key()}")
+    monkeypatch.setattr(finetuned, "shipped_base", lambda: "the shipped model")
     monkeypatch.setattr(finetuned, "is_cached", lambda recipe: False)
-    assert finetuned.lesson_base(fast=True)[1] == finetuned.FAST_RECIPE
-    assert "fast mode's short recipe" in capsys.readouterr().out
+    assert finetuned.lesson_base(fast=True) == ("the shipped model", finetuned.SHIPPED)  # nothing trained
+    assert "fast mode's shipped base (the full recipe is not cached)" in capsys.readouterr().out
     assert finetuned.lesson_base(fast=False, verbose=False)[1] == finetuned.Recipe()  # full mode trains it
     monkeypatch.setattr(finetuned, "is_cached", lambda recipe: recipe == finetuned.Recipe())
     model, recipe = finetuned.lesson_base(fast=True)
     assert recipe == finetuned.Recipe() and model == f"model of {recipe.key()}"
     assert "the full recipe" in capsys.readouterr().out
-    assert finetuned.FAST_RECIPE.key() != finetuned.Recipe().key()
+    assert finetuned.SHIPPED.key() != finetuned.Recipe().key()
 
 
 def test_a_cached_base_counts_only_while_its_checksum_holds(monkeypatch, tmp_path):

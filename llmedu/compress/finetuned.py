@@ -13,11 +13,17 @@ new 2-way head on the pooled ``[CLS]`` state), the same one lesson 17 fine-tunes
 How fast it learns (measured here, lr 5e-5, batch 32, on 320 validation snippets): 56% after 20 steps,
 72% after 40, 76% after 60 (the majority class: 53% of the whole split). The head reads the pooled
 ``[CLS]`` state, which all-MiniLM-L6-v2 was not trained to make meaningful (its sentence embedding is
-the mean over tokens: ``1_Pooling/config.json``), so a short run first learns the label prior: 40 steps
-of 16 snippets at 5e-5 answer "positive" for every snippet of a validation batch. ``FAST_RECIPE`` is a
-cheap recipe that does learn (twice the rate, snippets cut at 32 tokens: 76.8% on the 1,285 validation
-snippets, measured once here, made in about 5 minutes on 2 busy cores), for fast mode;
-``lesson_base`` returns the full recipe's model whenever it is cached, and says which one it returns.
+the mean over tokens: ``1_Pooling/config.json``), so a short run first learns the label prior.
+
+Fast mode trains nothing: the full model (22.7M parameters, 91 MB in fp32) is too large to commit, so
+when ``Recipe()``'s model is not cached, ``lesson_base`` returns ``SHIPPED``: all-MiniLM-L6-v2 with
+lesson 17's shipped LoRA adapter (r=8 on query and value, and the 2-way head: 301 kB in
+``data/adapters/``, 80.6% on the 1,285 validation snippets) merged into its weights, a plain
+``BertForSequenceClassification`` again. ``llmedu.peft.shipped.load_shipped`` checks the file's size and
+sha256 against its record before reading it as safetensors; ``python -m llmedu.peft.shipped
+rotten_tomatoes_lora`` rebuilds it. It is a fine-tuned model of the same architecture, but fine-tuned
+by another method (a rank-8 update of 12 matrices, not every weight), so only full mode's numbers are
+the lesson's results; ``lesson_base`` says which base it returns.
 
 Left out: a learning-rate search (the rate is lesson 17's full fine-tuning rate) and evaluation during
 training. Re-running a recipe on other hardware gives weights equal to a float tolerance, not bitwise.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -38,7 +45,9 @@ from ..data.cache import cache_dir, read_derived, write_derived
 
 __all__ = [
     "Recipe",
-    "FAST_RECIPE",
+    "ShippedRecipe",
+    "SHIPPED",
+    "shipped_base",
     "Batches",
     "tokenizer",
     "rotten_tomatoes",
@@ -58,6 +67,7 @@ class Recipe:
     max_len: int = 64  # tokens; a batch is padded to its longest snippet, at most this
     lr: float = 5e-5  # AdamW, constant (lesson 17's full fine-tuning rate)
     seed: int = 0
+    method: ClassVar[str] = "full fine-tuning"  # not a field: not part of the key
 
     def key(self) -> str:
         """The first 12 hex digits of the sha256 of the recipe: the cache file's name."""
@@ -65,7 +75,26 @@ class Recipe:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-FAST_RECIPE = Recipe(steps=100, batch_size=16, max_len=32, lr=1e-4)  # fast mode's base: 1,600 snippets
+@dataclass(frozen=True)
+class ShippedRecipe:
+    """How fast mode's base was made: lesson 17's LoRA recipe (``llmedu.peft.shipped.RECIPE``), merged."""
+
+    adapter: str = "rotten_tomatoes_lora"  # in data/adapters/
+    steps: int = 720  # two passes of 32 snippets over the training split
+    batch_size: int = 32
+    max_len: int = 64
+    lr: float = 1e-3
+    seed: int = 0
+    method: ClassVar[str] = "LoRA r=8 on query and value, merged, and the head"
+
+    def key(self) -> str:
+        """The first 12 hex digits of the adapter file's recorded sha256."""
+        from ..peft.shipped import ADAPTER_DIR
+
+        return json.loads((ADAPTER_DIR / f"{self.adapter}.json").read_text())["sha256"][:12]
+
+
+SHIPPED = ShippedRecipe()
 
 
 def tokenizer():
@@ -139,12 +168,33 @@ def is_cached(recipe: Recipe) -> bool:
 
 def lesson_base(fast: bool, verbose: bool = True):
     """(model, recipe) for lesson 20 and the benchmark: ``Recipe()``'s model when it is cached or
-    ``fast`` is False (then it is trained), else ``FAST_RECIPE``'s; ``verbose`` prints which."""
-    recipe = Recipe() if not fast or is_cached(Recipe()) else FAST_RECIPE
+    ``fast`` is False (then it is trained), else the shipped one (``SHIPPED``); ``verbose`` prints which."""
+    if not fast or is_cached(Recipe()):
+        recipe, model = Recipe(), None
+    else:
+        recipe, model = SHIPPED, shipped_base()
     if verbose:
-        which = "the full recipe" if recipe == Recipe() else "fast mode's short recipe (the full one is not cached)"
-        print(f"base: {which}, {recipe}", flush=True)
-    return finetuned_classifier(recipe, verbose), recipe
+        which = "the full recipe" if recipe == Recipe() else "fast mode's shipped base (the full recipe is not cached)"
+        print(f"base: {which}, {recipe} ({recipe.method})", flush=True)
+    return (finetuned_classifier(recipe, verbose) if model is None else model), recipe
+
+
+def shipped_base(folder=None):
+    """Fast mode's base, in eval mode: all-MiniLM-L6-v2 with the shipped adapter ``SHIPPED.adapter`` merged.
+
+    Its file is checked against its record (size, sha256) and read as safetensors (``load_shipped``); the
+    result is a plain ``BertForSequenceClassification`` whose every parameter trains, like ``Recipe()``'s.
+    ``folder``: where the adapter and its record are (default ``data/adapters/``)."""
+    from ..peft.lora import merge_and_unload
+    from ..peft.shipped import load_shipped, lora_model
+
+    torch.manual_seed(SHIPPED.seed)
+    model = lora_model(new_classifier())
+    load_shipped(model, SHIPPED.adapter, folder)
+    model = merge_and_unload(model)
+    for p in model.parameters():
+        p.requires_grad_(True)  # the merge keeps LoRA's frozen base; the compression methods fine-tune all
+    return model.eval()
 
 
 def finetuned_classifier(recipe: Recipe = Recipe(), verbose: bool = True):
