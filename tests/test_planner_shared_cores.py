@@ -94,6 +94,28 @@ def test_a_noisy_sharing_probe_is_repeated_then_refused(monkeypatch):
     assert calls == [5, 10, 20]
 
 
+def test_a_message_timed_faster_than_no_message_is_probed_again_then_refused(monkeypatch):
+    """On a busy machine the matmul alone can read slower than matmul + all-reduce: a negative message time,
+    which used to stop the probe (and lesson 13) with sharing_from's ValueError on its inputs. It is noise
+    like a speed above the cores': probed again with twice the repeats, and refused after the last attempt."""
+    import importlib
+
+    launch_module = importlib.import_module("llmedu.parallel.launch")
+    speeds, answers, calls = [0.55, 0.61, 0.58], [(4e-3, 3e-3), (1e-3, 4e-3)], []
+
+    def fake_launch(fn, world, cfg, micro_batch, steps, work_n, rounds, repeats, echo):
+        calls.append(repeats)
+        return [(speeds, *answers[len(calls) - 1])]  # (speeds, a round of work, of work + a 4 KiB all-reduce)
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    s = measure_sharing(CFG, 2, LINK, repeats=5)
+    assert calls == [5, 10] and s.wait >= 0
+    answers[:], calls[:] = [(4e-3, 3e-3)] * 3, []
+    with pytest.raises(RuntimeError, match=r"1\.00 ms faster than the matmul alone"):
+        measure_sharing(CFG, 2, LINK, repeats=5, attempts=3)
+    assert calls == [5, 10, 20]
+
+
 def test_ranks_with_a_core_each_and_no_wait_cost_what_they_did_before():
     """Two ranks on two cores, nothing measured: no shared-cores part, no waits; a measured speed of 1
     and wait of 0 gives the same step; a GPU preset has neither term."""

@@ -145,8 +145,8 @@ def measure_sharing(
     ``cfg`` is the model whose step (a micro-batch of ``micro_batch`` sequences) is timed; ``link`` the
     ``clusters.Link`` measured for this world (its alpha-beta of a 4 KiB all-reduce is taken off the round);
     ``cores`` the machine's cores, which bound the speed (``sharing_from``). A speed read above that bound
-    beyond its noise is probed again with twice the repeats, ``attempts`` times in all, then
-    ``sharing_from``'s error is raised.
+    beyond its noise, or a round with the all-reduce timed faster than without it, is probed again with
+    twice the repeats, ``attempts`` times in all, then refused (RuntimeError).
     """
     from ..parallel.launch import launch  # looked up at each call, so that a test can stand in for it
 
@@ -156,6 +156,12 @@ def measure_sharing(
 
     def read(probed) -> Sharing:
         speeds, work, paired = probed
+        if paired < work:  # a busy machine: the work alone was timed slower than the same work + a message
+            raise RuntimeError(
+                f"the sharing probe timed a round of matmul + 4 KiB all-reduce {(work - paired) * 1e3:.2f} ms faster "
+                "than the matmul alone, so the machine's speed changed during the probe; run it again on a quieter "
+                "machine (or with more repeats)"
+            )
         noise = (max(speeds) - min(speeds)) / 2
         return sharing_from(world, statistics.median(speeds), paired - work, modelled, noise=noise, cores=cores)
 
