@@ -13,8 +13,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ROOT / "llmedu"
 MAX_LINES = 350
@@ -168,11 +166,6 @@ def test_parallel_never_imports_the_planner():
     assert not wrong, "parallel imports the planner: " + "; ".join(wrong)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="llmedu/parallel/launch.py (357 lines) and llmedu/checks/nn.py (372) are being split below 350; "
-    "remove this mark when they are",
-)
 def test_no_library_file_is_over_350_lines():
     lengths = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in LIBRARY.rglob("*.py")}
     too_long = {path: n for path, n in sorted(lengths.items()) if n > MAX_LINES}
