@@ -197,9 +197,15 @@ def _count_messages(cfg, sequences, layouts):
     for lay in layouts:
         step, _, _ = build(cfg, lay, tokens)
         step()  # warm-up
-        counts, originals = collections.Counter(), {n: getattr(dist, n) for n in names}
+        counts, originals = collections.Counter(), {n: getattr(dist, n) for n in (*names, "batch_isend_irecv")}
         for n, f in originals.items():
-            setattr(dist, n, lambda *a, _n=n, _f=f, **k: (counts.update([_n]), _f(*a, **k))[1])
+            if n != "batch_isend_irecv":
+                setattr(dist, n, lambda *a, _n=n, _f=f, **k: (counts.update([_n]), _f(*a, **k))[1])
+        irecv, batch = dist.irecv, originals["batch_isend_irecv"]
+        # a pipeline posts its receives (with the sends) as one batch (p2p.post): each receive is still waited on
+        dist.batch_isend_irecv = lambda ops: (counts.update(["recv"] * sum(op.op is irecv for op in ops)), batch(ops))[
+            1
+        ]
         try:
             step()
         finally:
