@@ -1,7 +1,7 @@
 """Our send/recv collectives against torch.distributed's own, on 2, 3 and 4 gloo processes.
 
-One launch per world size runs every check (starting processes costs seconds); the worker
-returns a list of failures, empty when all agree.
+One launch per world size runs every check, all-to-all's too (starting processes costs seconds); the
+worker returns a list of failures, empty when all agree.
 
 Tolerances: broadcast, gather, scatter, all-gather, max and min move or pick values, so they
 must be bit-exact. Sums of float32 differ from gloo's only by the order of the additions: with
@@ -12,6 +12,7 @@ atol=1e-5 can only be exceeded by a real mistake (a chunk missed or added twice 
 import pytest
 import torch
 import torch.distributed as dist
+from raised import raised
 
 from llmedu.parallel import (
     all_gather,
@@ -24,7 +25,7 @@ from llmedu.parallel import (
     scatter,
     traffic,
 )
-from llmedu.parallel.collectives import ring_all_reduce_bytes, tree_schedule
+from llmedu.parallel.collectives import all_to_all, all_to_all_bytes, ring_all_reduce_bytes, tree_schedule
 
 SHAPES = [(1,), (2,), (7,), (1000,), (1001,), (3, 5), (5, 3, 2)]  # sizes below N, uneven, 2-D, 3-D
 ROOTED_SHAPES = [(1,), (7,), (5, 3, 2)]  # broadcast, reduce, gather, scatter: every root, fewer shapes
@@ -143,14 +144,67 @@ def _traffic_and_bad_input() -> dict:
     return out
 
 
+# -- all-to-all (moved here from its own file, so that it shares these launches) ---------------------------
+# Every rank can rebuild every other rank's input (seeded by rank), so the oracle is the plain transpose:
+# rank r's result is piece r of every rank's tensor, in rank order. all-to-all only moves values, so the
+# comparison is bit-exact (tolerance 0).
+A2A_SHAPES = [(1,), (2,), (7,), (6, 3), (5, 2, 2), (12,)]  # fewer rows than ranks, uneven, 2-D, 3-D, even
+
+
+def _a2a_data(rank, shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(100 * rank + sum(shape)))
+
+
+def _all_to_all_check():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    failures, sent = [], {}
+    for shape in A2A_SHAPES:
+        x = _a2a_data(rank, shape)
+        with traffic() as t:
+            got = all_to_all(x)
+        sent[shape] = t.bytes_sent
+        expected = torch.cat([_a2a_data(q, shape).tensor_split(n, dim=0)[rank] for q in range(n)])
+        if got.shape != expected.shape or not torch.equal(got, expected):
+            failures.append(f"N={n} {shape}: got {tuple(got.shape)}, expected {tuple(expected.shape)}")
+        if shape[0] % n == 0:  # gloo's own, where the rows divide evenly
+            theirs = torch.empty_like(x)
+            dist.all_to_all_single(theirs, x)
+            if not torch.equal(got, theirs):
+                failures.append(f"N={n} {shape}: differs from dist.all_to_all_single")
+    # shapes that differ by rank; a 0-d tensor
+    errors = raised(lambda: all_to_all(torch.ones(3 + rank)), lambda: all_to_all(torch.tensor(1.0)))
+    return failures, sent, errors
+
+
 def _every_check() -> dict:
-    return {"failures": _every_collective(), **_traffic_and_bad_input()}
+    return {"failures": _every_collective(), **_traffic_and_bad_input(), "all_to_all": _all_to_all_check()}
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_collectives_equal_torch_distributed_count_bytes_and_fail_clearly(world_size):
-    n = world_size
-    results = launch(_every_check, n, echo=False, timeout=30)  # one start-up per world size
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"N={n}")
+def ranks(request):
+    return request.param, launch(_every_check, request.param, echo=False, timeout=30)  # one start-up per size
+
+
+def test_all_to_all_is_a_transpose_across_ranks(ranks):
+    world_size, results = ranks
+    for rank, result in enumerate(results):
+        failures, sent, errors = result["all_to_all"]
+        assert not failures, failures
+        for shape, nbytes in sent.items():  # the cost model, to the byte: every piece but its own, once
+            row = 1 if len(shape) == 1 else shape[1] * (shape[2] if len(shape) == 3 else 1)
+            assert nbytes == all_to_all_bytes(shape[0], row, world_size)[rank]
+        assert "every rank must pass the same shape and dtype" in errors[0]
+        assert "at least one dimension" in errors[1]
+
+
+def test_all_to_all_cost_model():
+    assert all_to_all_bytes(12, 1, 4, 4) == [36] * 4  # (N - 1) / N of 48 bytes
+    assert all_to_all_bytes(5, 2, 2, 1) == [4, 6]  # pieces of 3 and 2 rows of 2 elements
+    assert all_to_all_bytes(7, 1, 1) == [0]
+
+
+def test_collectives_equal_torch_distributed_count_bytes_and_fail_clearly(ranks):
+    n, results = ranks
     failures = [f for res in results for f in res["failures"]]
     assert not failures, "\n".join(failures[:20])
 
