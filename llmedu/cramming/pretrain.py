@@ -44,7 +44,7 @@ from ..models.counting import count_parameters, flops_per_token, matmul_paramete
 from ..tokenizers import WordPieceTokenizer
 from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
-from .data import CORPORA, PretrainData, prepare_data
+from .data import CORPORA, prepare_data
 from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule
 
 __all__ = ["PretrainRun", "pretrain", "mlm_loss_fn", "mlm_flops_per_token", "evaluate_mlm", "passes_over_data"]
@@ -135,10 +135,14 @@ def pretrain(
     model = MaskedLM(recipe.model).to(device)
     optimizer = _adamw(model, recipe)
     checkpoints = out / "checkpoints"
-    # everything a resume reads (clock, step, position, weights) comes from this one checked checkpoint
+    # everything a resume reads (clock, step, position, weights) comes from this one checked checkpoint;
+    # a run stopped before its first checkpoint starts again from step 0
+    had_checkpoints = resume and bool(ckpt.checkpoints(checkpoints))
     saved = ckpt.newest_intact(checkpoints) if resume else None
-    if resume and saved is None:
-        raise FileNotFoundError(f"nothing to resume: no intact checkpoint in {checkpoints}")
+    if had_checkpoints and saved is None:
+        raise FileNotFoundError(
+            f"no intact checkpoint in {checkpoints} to resume from: the damaged ones are moved aside"
+        )
     start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
     clock = BudgetClock(run.budget_seconds, run.max_steps, elapsed=start["seconds"])
     precision = recipe.resolved_precision(device)
@@ -181,19 +185,15 @@ def pretrain(
     summary = _summary(run, model, history, start, device, precision, wall, val_loss)
     # passes over the data: the trainer's position counts micro-batches across resumes
     position = json.loads((ckpt.latest(checkpoints) / ckpt.STATE).read_text())["position"]
-    summary |= _data_counts(data, position * recipe.micro_batch * recipe.model.max_seq_len)
+    tokens_seen = position * recipe.micro_batch * recipe.model.max_seq_len
+    summary |= {"corpus_tokens": data.corpus_tokens, "tokens_seen": tokens_seen}
+    summary["passes"] = round(passes_over_data(tokens_seen, data.corpus_tokens), 3)
+    summary |= {"dedup": data.dedup} if data.dedup is not None else {}  # what deduplication removed
     summary["eval_every"] = eval_every
     summary["val_history"] = val_history
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     summary["history"] = history  # for notebooks: every step; not written to the JSON file
     return summary
-
-
-def _data_counts(data: PretrainData, tokens_seen: int) -> dict:
-    """Passes over the data: the packed training tokens, the tokens read across resumes, and the deduplication."""
-    counts = {"corpus_tokens": data.corpus_tokens, "tokens_seen": tokens_seen}
-    counts["passes"] = round(passes_over_data(tokens_seen, data.corpus_tokens), 3)
-    return counts | ({"dedup": data.dedup} if data.dedup is not None else {})
 
 
 def passes_over_data(tokens_seen: int, corpus_tokens: int) -> float:
