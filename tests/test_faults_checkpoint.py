@@ -160,3 +160,19 @@ def test_a_checkpoint_without_checksums_is_refused_unless_asked(tmp_path):
     assert ckpt.latest(tmp_path) == newest  # not moved: it may be an older llmedu's, the user decides
     with pytest.warns(RuntimeWarning, match="records no sha256 .*loading it unchecked"):
         assert ckpt.load(newest, fresh, fresh_opt, allow_unchecked=True)["step"] == 4
+
+
+def test_pruning_a_checkpoint_that_is_a_symlink_removes_the_link_only(tmp_path):
+    """A checkpoint kept on another disk and linked into the run's folder: pruning removes the link and leaves
+    its target alone (rmtree refused the link and stopped the run, and the renamed link stayed behind)."""
+    model, optimizer, _ = setup(0)
+    elsewhere = ckpt.save(tmp_path / "other-disk", model, optimizer, {"step": 1})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ckpt.checkpoint_name(1)).symlink_to(elsewhere.resolve(), target_is_directory=True)
+    for step in (2, 3):
+        ckpt.save(run, model, optimizer, {"step": step})
+    removed = ckpt.prune(run, 2)
+    assert [p.name for p in removed] == [ckpt.checkpoint_name(1)]
+    assert sorted(p.name for p in run.iterdir()) == [ckpt.checkpoint_name(2), ckpt.checkpoint_name(3)]
+    assert (elsewhere / ckpt.TENSORS).is_file() and (elsewhere / ckpt.STATE).is_file()  # the target is intact

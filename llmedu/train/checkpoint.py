@@ -33,7 +33,7 @@ the disk (a day of BERT-base on a GPU, a checkpoint of weights and Adam's moment
 write terabytes). N is at least 2, so that ``load_latest`` always has a checkpoint to fall back to. A
 folder is renamed to a hidden temporary name before it is deleted: a run killed while pruning leaves
 either the whole checkpoint or a leftover that the next save removes, never a half-deleted one that looks
-complete.
+complete. A checkpoint that is a symlink (kept on another disk) loses only its link.
 
 Left out: sharded checkpoints (one file per rank, lesson 14), asynchronous saving.
 """
@@ -57,20 +57,8 @@ from torch import nn
 from ..data.cache import sha256_of
 from ..runtime import process_alive
 
-__all__ = [
-    "CheckpointError",
-    "UncheckedCheckpointError",
-    "save",
-    "prune",
-    "check_keep",
-    "read",
-    "load",
-    "load_latest",
-    "newest_intact",
-    "latest",
-    "checkpoints",
-    "checkpoint_name",
-]
+__all__ = ["CheckpointError", "UncheckedCheckpointError", "save", "prune", "check_keep", "read", "load"]
+__all__ += ["load_latest", "newest_intact", "latest", "checkpoints", "checkpoint_name"]
 
 FORMAT = "llmedu-checkpoint-1"
 TENSORS, STATE = "tensors.safetensors", "state.json"
@@ -117,7 +105,15 @@ def _remove_leftovers(root: Path) -> None:
     for tmp in root.glob(".step-*.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp, ignore_errors=True)
+
+
+def _remove(path: Path, ignore_errors: bool = False) -> None:
+    """Delete a checkpoint folder; one that is a symlink loses only the link (its target belongs elsewhere)."""
+    if path.is_symlink():
+        path.unlink(missing_ok=ignore_errors)
+    else:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 def check_keep(keep, name: str = "keep") -> None:
@@ -135,7 +131,7 @@ def prune(root: str | Path, keep: int) -> list[Path]:
     for old in removed:
         doomed = old.with_name(f".{old.name}.tmp-{os.getpid()}")
         os.replace(old, doomed)  # gone from checkpoints() at once, whatever happens next
-        shutil.rmtree(doomed)
+        _remove(doomed)
     return removed
 
 
