@@ -15,14 +15,17 @@ The library is the curriculum: each folder is one arc of the course, each file o
                  scaling and master weights, simulated fp8, activation recomputation
     parallel     many processes: launch, collectives from send/recv, data/tensor/pipeline parallelism
                  (interleaved, zero-bubble), sequence and context parallelism, expert parallelism, the
-                 DP x TP x PP mesh, ZeRO-1/2/3, ZeRO-Offload, a layout planner, per-rank event logs
+                 DP x TP x PP mesh, ZeRO-1/2/3, ZeRO-Offload, per-rank event logs
+    planner      which layout when: a cost model of a cluster, the memory and time of a layout, the search,
+                 checked against published runs and calibrated by probes of this machine
     kernels      FlashAttention-2 written out tile by tile (forward and backward)
     inference    serving: a paged KV cache (block tables, copy-on-write), continuous batching, cache waste
     peft         prompt and prefix tuning, adapters, LLaMA-Adapter, LoRA, on our models and transformers'
     compress     int8, LLM.int8, SmoothQuant, NF4, GPTQ, QLoRA; distillation; pruning
     retrieval    vector indexes from scratch (exact, IVF, PQ; checked against FAISS), kNN-LM, in-context
                  retrieval, knowledge updates without retraining
-    cramming     the capstone: a BERT pretrained under a wall-clock budget, then fine-tuned (Cramming)
+    cramming     the capstone: a BERT pretrained under a wall-clock budget, then fine-tuned (Cramming); its
+                 studies (seeds, sweeps, grids behind data/results/) apart in cramming.studies
     viz          live plots for training loops (a static figure when headless); per-rank timelines
     checks       graders for the exercises: check_x(your_function) says pass or fail, and why
 

@@ -1,13 +1,15 @@
 """Many processes, one model: the distributed arc of the course.
 
-launch          N real processes from a notebook cell (or torchrun), each rank's result back
+The techniques, in the order the lessons teach them:
+
 p2p             the one point-to-point primitive (send while receiving), and counting the bytes sent
 collectives     broadcast, reduce, gather, scatter, all-gather, reduce-scatter, ring all-reduce,
                 built from nothing but p2p's send and recv, and the ring's cost model
 data_parallel   naive data parallelism and DDP from scratch (buckets, overlap, no_sync)
 tensor_parallel Megatron-LM's column/row split: MLP, attention, vocab-parallel embedding and loss
-pipeline_parallel  stages, model chunks, and an executor for any schedule (virtual stages, split backward)
+pipeline_parallel  the executor: one step of any schedule (virtual stages, split backward), messages in one order
 pipeline_schedules naive, GPipe, 1F1B, interleaved 1F1B and ZB-H1 as action lists; their simulation and bubbles
+pipeline_stages how a model is cut into stages and chunks
 mesh            DP x TP x PP process groups from one world, and training with any layout
 zero_unit       one module's parameters as one flat buffer, padded, sharded across ranks, gathered;
                 which unit owns each parameter (a tied one exactly once, a frozen one none)
@@ -18,9 +20,17 @@ sequence_parallel_attention  Megatron-SP's attention half and a whole pre-LN blo
 sequence_layout how context parallelism cuts a sequence across ranks: contiguous or zig-zag chunks
 context_parallel ring attention: Q stays, K/V blocks go round the ring, FlashAttention's online softmax
 experts         expert parallelism: E/N experts per rank, tokens dispatched and combined by two all-to-alls
-events          spans of compute and communication on each rank, for the timelines
 example         ``python -m llmedu.parallel.example``: one GPT trained with DDP, ZeRO or 3D, the same
                 script under our launcher and under torchrun
+
+The plumbing they stand on (no technique to learn here):
+
+launch          N real processes from a notebook cell (or torchrun), each rank's result back
+launch_rank     what each started rank runs: join the group, call the worker, send its result home
+processes       starting, watching and stopping the rank processes; a stalled or crashed rank is reported
+replicas        the check that every rank holds the same replicated weights
+events          spans of compute and communication on each rank, for the timelines
+compat          the whole-tensor collectives under the names this PyTorch version has
 
 Which of these techniques to use, and how many ranks each, is the planner's question: ``llmedu.planner``
 (it imports this package; nothing here imports it).
