@@ -176,8 +176,8 @@ def run_vocab_study(
     documents = read_documents(corpora, "validation", held_out_chars(max_chars, seq_len))  # the held-out text
     data, held_out = {}, {}
     for name, recipe in recipes.items():
-        data = prepare_data(recipe, corpora, max_chars, tokenizer_chars, progress=False)
-        tokenizer, train_rows = data.tokenizer, data.train
+        prepared = prepare_data(recipe, corpora, max_chars, tokenizer_chars, progress=False)
+        tokenizer, train_rows = prepared.tokenizer, prepared.train
         if tokenizer.vocab_size != recipe.model.vocab_size:
             raise ValueError(
                 f"the tokenizer's sample ran out at {tokenizer.vocab_size} entries, short of {name}: "
