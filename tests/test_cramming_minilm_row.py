@@ -185,17 +185,24 @@ def test_an_edited_or_textual_journal_score_is_refused_naming_entry_and_file(tin
         assert calls == []
 
 
-def test_the_recorded_journal_loads_unchecked_only_when_asked():
-    """The recorded journal (written before entries carried digests) reads back with a warning when asked."""
+def test_the_recorded_journal_is_checked_entry_by_entry(tmp_path):
+    """The recorded journal carries a digest per entry (added after its runs, from the entries as committed) and
+    loads checked; the same journal without them reads back only when asked, with a warning."""
     from llmedu.cramming.studies.minilm_row import load_journal
     from llmedu.cramming.studies.report import RECORDED
 
     path = RECORDED.with_name("cramming_minilm_journal_cpu.json")
-    identity = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("kind", "runs")}
-    with pytest.raises(ValueError, match=r"cramming_minilm_journal_cpu.json: 62 entries record no digest"):
-        load_journal(path, identity)
+    recorded = json.loads(path.read_text())
+    identity = {k: v for k, v in recorded.items() if k not in ("kind", "runs", "provenance")}
+    assert len(load_journal(path, identity)["runs"]) == 62
+    for entry in recorded["runs"].values():
+        del entry["sha256"]
+    old = tmp_path / "journal.json"
+    old.write_text(json.dumps(recorded))
+    with pytest.raises(ValueError, match=r"journal.json: 62 entries record no digest"):
+        load_journal(old, identity)
     with pytest.warns(RuntimeWarning, match="read unchecked"):
-        assert len(load_journal(path, identity, allow_unchecked=True)["runs"]) == 62
+        assert len(load_journal(old, identity, allow_unchecked=True)["runs"]) == 62
 
 
 def _tampered(tmp_path, name: str, change) -> str:
