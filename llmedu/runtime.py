@@ -66,8 +66,8 @@ def fast_mode(value: str | None = None, *, has_cuda: bool | None = None) -> bool
     if key == "":
         return not (torch.cuda.is_available() if has_cuda is None else has_cuda)
     raise ValueError(
-        f"LLMEDU_FAST={raw!r} is not understood; use 1/true/yes/on for the fast mode "
-        "or 0/false/no/off (or leave it unset) for the full mode."
+        f"LLMEDU_FAST={raw!r} is not understood; use 1/true/yes/on for the fast mode, 0/false/no/off for the "
+        "full mode, or leave it unset to let the machine decide (fast without a CUDA GPU, full with one)."
     )
 
 
