@@ -1,5 +1,8 @@
 """The graders of lessons 09-10 (llmedu.checks.collectives) pass our answers and fail wrong ones."""
 
+import torch
+import torch.distributed as dist
+
 from llmedu.checks.collectives import (
     check_assign_buckets,
     check_hidden_communication,
@@ -25,3 +28,28 @@ def test_graders_pass_on_ours_and_fail_on_mistakes():
 def test_ring_all_reduce_grader_runs_processes_and_catches_a_wrong_sum():
     assert check_ring_all_reduce(ring_all_reduce)
     assert not check_ring_all_reduce(lambda x: x * 3)  # right only where all ranks hold the same values
+
+
+def test_ring_all_reduce_grader_fails_the_right_sum_computed_without_a_ring():
+    def with_all_reduce(x):  # torch's own collective
+        dist.all_reduce(x)
+        return x
+
+    def all_gather_and_sum(x):  # every rank gets every tensor through a collective, then adds
+        pieces = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, x)
+        return torch.stack(pieces).sum(0)
+
+    def isend_everything_and_sum(x):  # isend/irecv only, but each rank sends its whole tensor to every other
+        rank, n = dist.get_rank(), dist.get_world_size()
+        inbox = {peer: torch.empty_like(x) for peer in range(n) if peer != rank}
+        works = [dist.irecv(buffer, peer) for peer, buffer in inbox.items()]
+        works += [dist.isend(x, peer) for peer in inbox]
+        for work in works:
+            work.wait()
+        return x + sum(inbox.values())
+
+    for wrong in (with_all_reduce, all_gather_and_sum, isend_everything_and_sum):
+        result = check_ring_all_reduce(wrong)
+        assert not result, wrong.__name__
+        assert "isend/irecv only" in result.failure or "of the tensor" in result.failure, result.failure

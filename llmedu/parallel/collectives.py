@@ -4,14 +4,16 @@ Every collective of ``torch.distributed`` can be written with two primitives: "s
 to rank j" and "receive a buffer from rank i". How the messages are arranged decides the cost.
 In the alpha-beta model a message of ``b`` bytes takes ``alpha + b / beta`` seconds, so:
 
-* ``broadcast`` and ``reduce`` use a binomial tree: ``ceil(log2 N)`` rounds, in each of which
-  every rank that has the data sends the whole tensor once. Few rounds: good for small tensors.
+* ``broadcast`` and ``reduce`` use a binomial tree: ``ceil(log2 N)`` rounds. In a broadcast every
+  rank that has the data sends the whole tensor once a round, so the root sends it ``ceil(log2 N)``
+  times; a reduce runs the tree backwards, so every rank but the root sends its partial result once
+  and the root only receives. Few rounds: good for small tensors.
 * ``gather`` and ``scatter`` are linear: the root exchanges one message with every other rank.
 * ``reduce_scatter`` and ``all_gather`` go around a ring in ``N - 1`` steps; each step a rank
   sends one ``1/N`` chunk to its right neighbour and receives one from its left.
 * ``ring_all_reduce`` is reduce-scatter followed by all-gather (Patarasuk & Yuan, 2009; the
   scheme Baidu brought to deep learning in 2017): each rank sends ``2 (N - 1) / N`` times the
-  tensor, independent of N, which is why it is bandwidth-optimal.
+  tensor, which grows with N but never reaches 2, and no all-reduce can send less (bandwidth-optimal).
 * ``all_to_all`` is a transpose across ranks: rank r sends piece j of its tensor to rank j and
   receives piece r of every rank's, in ``N - 1`` pairwise steps (in step s, send to ``r + s``,
   receive from ``r - s``). Each rank sends ``(N - 1) / N`` of its tensor, all of it data that no
