@@ -104,6 +104,16 @@ def test_best_segment_grader(capsys):
     assert not check_best_segment(_segment_of(lambda L, c: max(1, round(math.sqrt(L / c)))))  # need not divide L
     assert "dividing" in capsys.readouterr().out
     assert not check_best_segment(_segment_of(lambda L, c: 1))  # checkpoint every block, always
+
+    def round_then_step_down(L, c):  # the divisor at or below the integer nearest sqrt(L / c)
+        k = max(1, round(math.sqrt(L / c)))
+        while L % k:
+            k -= 1
+        return k
+
+    capsys.readouterr()
+    assert not check_best_segment(_segment_of(round_then_step_down))  # 26 blocks, c = 0.5: k = 2, not 13
+    assert "26 blocks" in capsys.readouterr().out
     assert not check_best_segment(lambda L, c: (_best_segment(L, c)[0], L / _best_segment(L, c)[0] + 1))  # k a = a
 
 
