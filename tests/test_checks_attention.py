@@ -45,6 +45,23 @@ def test_online_logsumexp_grader():
     assert not check_online_logsumexp(lambda x, b: torch.log(torch.exp(x).sum(-1)))  # overflows near 1000
 
 
+def test_online_logsumexp_grader_fails_the_right_value_computed_without_blocks(capsys):
+    def max_first(x, block):  # a stable logsumexp, but the maximum of the whole row first: two passes, not one
+        m = x.max(-1).values
+        safe = torch.where(m == -math.inf, 0.0, m)
+        return safe + torch.log(
+            sum(torch.exp(x[..., j : j + block] - safe[..., None]).sum(-1) for j in range(0, x.shape[-1], block))
+        )
+
+    capsys.readouterr()
+    assert check_online_logsumexp(
+        lambda x, b: _online_logsumexp(torch.nn.functional.pad(x, (0, 3), value=-math.inf), b)
+    )
+    for wrong in (lambda x, b: torch.logsumexp(x, -1), max_first):
+        assert not check_online_logsumexp(wrong)
+        assert "columns at a time" in capsys.readouterr().out
+
+
 def _tiled(q, k, v, block, rescale=True):
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
@@ -68,6 +85,25 @@ def _tiled(q, k, v, block, rescale=True):
 def test_tiled_attention_grader():
     assert check_tiled_attention(_tiled)
     assert not check_tiled_attention(lambda q, k, v, b: _tiled(q, k, v, b, rescale=False))
+
+
+def test_tiled_attention_grader_fails_the_right_value_computed_without_tiles(capsys):
+    def naive(q, k, v, block):  # the whole (Tq, Tk) score matrix
+        return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1) @ v
+
+    def naive_per_head(q, k, v, block):  # one head's (Tq, Tk) matrix at a time
+        out = torch.empty_like(q)
+        for b in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                out[b, h] = naive(q[b, h], k[b, h], v[b, h], block)
+        return out
+
+    capsys.readouterr()
+    assert not check_tiled_attention(lambda q, k, v, b: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert "fused attention" in capsys.readouterr().out
+    for wrong in (naive, naive_per_head):
+        assert not check_tiled_attention(wrong)
+        assert "no (Tq, Tk) matrix" in capsys.readouterr().out
 
 
 def test_causal_tiles_grader():

@@ -8,6 +8,11 @@ check_gather_kv(fn)          fn(pool, block_tables, length) -> (B, H_kv, length,
 check_kv_waste(fn)           fn(lengths, max_len, block_size, bytes_per_token) -> bytes wasted, contiguous and paged
 check_fork_tables(fn)        fn(prompt_len, block_size, n_samples) -> block tables after a fork and one append each
 check_blocks_needed(fn)      fn(length, n_new, block_size, n_blocks, last_block_shared) -> fresh blocks (find the bug)
+
+The first two grade the method as well as the value: every ATen op the function runs is recorded
+(``torch.utils._python_dispatch.TorchDispatchMode``). The logsumexp fails if an op other than a view or a copy reads
+more than ``block`` columns at once; the attention fails if it calls a fused attention op, or if any op produces a
+tensor as large as one head's (Tq, Tk) score matrix on a case where the tiles are much smaller.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..inference.paged_attention import PagedKVCache, gather_kv
 from .core import Grader
@@ -39,8 +46,40 @@ def _first_block_masked() -> torch.Tensor:
     return x
 
 
+class _OpRecorder(TorchDispatchMode):
+    """Records (op, is_view, input shapes, output shapes) of every ATen op run inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+
+        def shapes(tree):
+            return [tuple(t.shape) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+        self.calls.append((func, func.is_view, shapes((args, kwargs)), shapes(out)))
+        return out
+
+
+def _recorded(g: Grader, fn, *args):
+    """``g.call(fn, *args)`` with its ops recorded: (result, calls)."""
+    with _OpRecorder() as recorder:
+        got = g.call(fn, *args)
+    return got, recorder.calls
+
+
+# ops that only move or copy data: they may touch the whole input (a clone, padding to a multiple of the block)
+_COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.constant_pad_nd", "aten.cat", "aten.detach")
+
+
 def check_online_logsumexp(fn):
-    """``fn(x, block)``: logsumexp of x (..., N) over the last dim, one pass over blocks of columns."""
+    """``fn(x, block)``: logsumexp of x (..., N) over the last dim, one pass over blocks of columns.
+
+    The method: no op but a view or a copy may read a tensor whose last dimension is longer than ``block``
+    (``torch.logsumexp(x, -1)``, or ``x.max(-1)`` over the whole row, fails).
+    """
     g = Grader("check_online_logsumexp")
     gen = torch.Generator().manual_seed(0)
     cases = [
@@ -57,27 +96,62 @@ def check_online_logsumexp(fn):
         ("a row whose first block is all -inf", _first_block_masked(), 5),
     ]
     for name, x, block in cases:
-        got = g.call(fn, x.clone(), block)
-        g.compare(
-            f"{name}, x of shape {tuple(x.shape)}, block {block}", got, torch.logsumexp(x, dim=-1), atol=1e-4, rtol=1e-6
+        case = f"{name}, x of shape {tuple(x.shape)}, block {block}"
+        got, calls = _recorded(g, fn, x.clone(), block)
+        g.compare(case, got, torch.logsumexp(x, dim=-1), atol=1e-4, rtol=1e-6)
+        wide = [
+            (func, ins)
+            for func, is_view, ins, _ in calls
+            if not is_view and not str(func).startswith(_COPIES) and any(s and s[-1] > block for s in ins)
+        ]
+        g.expect(
+            f"{case}: {block} columns at a time",
+            not wide,
+            f"{wide[0][0]} read a tensor of shape {next(s for s in wide[0][1] if s and s[-1] > block)}" if wide else "",
         )
     return g.result()
 
 
+_FUSED_ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+
 def check_tiled_attention(fn):
-    """``fn(q, k, v, block)``: non-causal attention, q (B, H, Tq, D), k and v (B, H, Tk, D)."""
+    """``fn(q, k, v, block)``: non-causal attention, q (B, H, Tq, D), k and v (B, H, Tk, D).
+
+    The method: no fused attention op (``F.scaled_dot_product_attention``), and on the last case, where a tile
+    holds 64 scores and one head's score matrix 1,920, no op may produce a tensor of 1,920 elements or more.
+    """
     g = Grader("check_tiled_attention")
     gen = torch.Generator().manual_seed(0)
-    for B, H, Tq, Tk, D, block in [
-        (1, 1, 8, 8, 4, 4),
-        (2, 3, 13, 21, 8, 8),
-        (1, 2, 5, 40, 16, 16),
-        (1, 1, 3, 3, 4, 64),
+    for B, H, Tq, Tk, D, block, sizes_checked in [
+        (1, 1, 8, 8, 4, 4, False),
+        (2, 3, 13, 21, 8, 8, False),
+        (1, 2, 5, 40, 16, 16, False),
+        (1, 1, 3, 3, 4, 64, False),
+        (1, 2, 48, 40, 4, 8, True),  # one head's (Tq, Tk) matrix is 5x q, k, v or the output, 30x a tile
     ]:
         q, k, v = (torch.randn(B, H, T, D, generator=gen) for T in (Tq, Tk, Tk))
         k = k * 4  # large scores: a missing rescaling by exp(m_old - m_new) shows up
-        got = g.call(fn, q, k, v, block)
-        g.compare(f"Tq={Tq}, Tk={Tk}, D={D}, block={block}", got, F.scaled_dot_product_attention(q, k, v), atol=1e-5)
+        case = f"Tq={Tq}, Tk={Tk}, D={D}, block={block}"
+        got, calls = _recorded(g, fn, q, k, v, block)
+        g.compare(case, got, F.scaled_dot_product_attention(q, k, v), atol=1e-5)
+        fused = [str(func) for func, *_ in calls if any(name in str(func) for name in _FUSED_ATTENTION)]
+        g.expect(f"{case}: tile by tile", not fused, f"it calls {fused[0]}, a fused attention" if fused else "")
+        if sizes_checked:
+            big = [
+                (str(func), out)
+                for func, is_view, _, outs in calls
+                if not is_view
+                for out in outs
+                if math.prod(out) >= Tq * Tk
+            ]
+            g.expect(
+                f"{case}: no (Tq, Tk) matrix",
+                not big,
+                f"{big[0][0]} produced a tensor of shape {big[0][1]}, as large as one head's {Tq} x {Tk} scores"
+                if big
+                else "",
+            )
     return g.result()
 
 
