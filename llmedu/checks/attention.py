@@ -95,10 +95,13 @@ def check_online_logsumexp(fn):
         # exp(m - m_new) with m = m_new = -inf is NaN unless the update guards it
         ("a row whose first block is all -inf", _first_block_masked(), 5),
     ]
-    for name, x, block in cases:
+    recorded = []
+    for name, x, block in cases:  # the values first, then the method
         case = f"{name}, x of shape {tuple(x.shape)}, block {block}"
         got, calls = _recorded(g, fn, x.clone(), block)
         g.compare(case, got, torch.logsumexp(x, dim=-1), atol=1e-4, rtol=1e-6)
+        recorded.append((case, block, calls))
+    for case, block, calls in recorded:
         wide = [
             (func, ins)
             for func, is_view, ins, _ in calls
@@ -123,6 +126,7 @@ def check_tiled_attention(fn):
     """
     g = Grader("check_tiled_attention")
     gen = torch.Generator().manual_seed(0)
+    recorded = []
     for B, H, Tq, Tk, D, block, sizes_checked in [
         (1, 1, 8, 8, 4, 4, False),
         (2, 3, 13, 21, 8, 8, False),
@@ -135,6 +139,8 @@ def check_tiled_attention(fn):
         case = f"Tq={Tq}, Tk={Tk}, D={D}, block={block}"
         got, calls = _recorded(g, fn, q, k, v, block)
         g.compare(case, got, F.scaled_dot_product_attention(q, k, v), atol=1e-5)
+        recorded.append((case, Tq, Tk, sizes_checked, calls))
+    for case, Tq, Tk, sizes_checked, calls in recorded:  # the values first, then the method
         fused = [str(func) for func, *_ in calls if any(name in str(func) for name in _FUSED_ATTENTION)]
         g.expect(f"{case}: tile by tile", not fused, f"it calls {fused[0]}, a fused attention" if fused else "")
         if sizes_checked:
