@@ -97,7 +97,6 @@ def refresh(path: Path, check: bool) -> list[int]:
             if prefix is None:
                 continue
             shown.clear()
-            namespace["show"] = shown.append
             exec(compile(prefix, str(path), "exec"), namespace)
             new, old = listing_outputs(shown), cell.outputs[: len(shown)]
             if not all(o.get("output_type") == "display_data" for o in old) or len(old) < len(new):

@@ -111,7 +111,11 @@ def _remove_leftovers(root: Path) -> None:
 def _remove(path: Path, ignore_errors: bool = False) -> None:
     """Delete a checkpoint folder; one that is a symlink loses only the link (its target belongs elsewhere)."""
     if path.is_symlink():
-        path.unlink(missing_ok=ignore_errors)
+        try:
+            path.unlink()
+        except OSError:
+            if not ignore_errors:
+                raise
     else:
         shutil.rmtree(path, ignore_errors=ignore_errors)
 
