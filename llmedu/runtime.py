@@ -9,7 +9,9 @@ Every lesson starts here:
 * ``FAST`` says whether lessons run their small configs (about a minute each on two CPU cores) or
   their full ones. ``LLMEDU_FAST=1``/``0`` decides; unset, the mode follows the machine: fast
   without a CUDA GPU (a laptop finishes a lesson in minutes), full with one. ``mode_banner()`` is
-  the line each lesson prints first, saying which mode it is in and how to switch.
+  the line each lesson prints first, saying which mode it is in and how to switch, followed by
+  ``machine()``: the CPU model, its cores and caches, or the GPU, so that "this machine" in a
+  lesson means one thing.
 * ``Timer`` measures wall-clock time, synchronising the accelerator so that asynchronous
   kernels are counted where they run, not where they were launched.
 * ``sigterm_as_interrupt()`` makes SIGTERM (a job scheduler's "stop now") raise KeyboardInterrupt,
@@ -36,6 +38,8 @@ __all__ = [
     "FAST",
     "fast_mode",
     "mode_banner",
+    "machine",
+    "cpu_model",
     "device",
     "autocast_dtype",
     "seed_everything",
@@ -75,7 +79,58 @@ FAST: bool = fast_mode()
 
 
 def mode_banner() -> str:
-    """One line for the top of a lesson: which mode runs, why, and how to switch."""
+    """The top of a lesson: which mode runs, why, and how to switch; then the machine it runs on."""
+    return f"{_mode_line()}\nmachine: {machine()}"
+
+
+def machine() -> str:
+    """The machine a lesson's measurements come from, in one line.
+
+    The CPU's model, its logical CPUs and the threads torch uses, and its data caches per level (from
+    Linux's sysfs; absent elsewhere); with a CUDA GPU, also the GPU's name and memory.
+    """
+    cpu = cpu_model()
+    line = f"{cpu}, {os.cpu_count()} logical CPUs ({torch.get_num_threads()} torch threads)"
+    caches = _cpu_caches()
+    if caches:
+        line += ", caches " + " / ".join(f"{level} {size}" for level, size in caches)
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        line += f"; GPU {props.name}, {props.total_memory / 2**30:.0f} GiB"
+    return line
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (``platform`` where there is no /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for text in f:
+                if text.startswith("model name"):
+                    return text.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _cpu_caches() -> list[tuple[str, str]]:
+    """[("L1d", "32K"), ("L2", "1024K"), ("L3", "32768K")] for CPU 0, sizes as the kernel writes them."""
+    from pathlib import Path
+
+    found = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        found.append((f"L{level}" + ("d" if kind == "Data" else ""), size))
+    return found
+
+
+def _mode_line() -> str:
     raw = os.environ.get("LLMEDU_FAST", "").strip()
     why = (
         f"LLMEDU_FAST={raw}"

@@ -1,5 +1,6 @@
 """llmedu.runtime: device choice, seeding, the fast-mode switch, the timer; llmedu.show."""
 
+import os
 import random
 
 import numpy as np
@@ -45,6 +46,14 @@ def test_mode_banner_says_the_mode_and_the_switch(monkeypatch):
     monkeypatch.setenv("LLMEDU_FAST", "0")
     assert runtime.mode_banner().startswith("full mode (LLMEDU_FAST=0)")
     assert "%env LLMEDU_FAST=1" in runtime.mode_banner()
+
+
+def test_the_banner_names_the_machine():
+    # "this machine" in a lesson must mean one thing: the banner's second line names the CPU and its threads
+    mode, machine = runtime.mode_banner().split("\n")
+    assert machine == f"machine: {runtime.machine()}"
+    assert f"{os.cpu_count()} logical CPUs" in machine
+    assert f"({torch.get_num_threads()} torch threads)" in machine
 
 
 @pytest.mark.parametrize("value", ["2", "fast", "y", "maybe"])

@@ -23,7 +23,6 @@ every call, and small kernels, which last less than a scheduler time slice, suff
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 from dataclasses import dataclass
 
@@ -160,7 +159,7 @@ def machine_summary(device=None) -> str:
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
     else:
-        name = _cpu_name()
+        name = runtime.cpu_model()
     return (
         f"torch {torch.__version__} | device {dev.type}: {name} | "
         f"{torch.get_num_threads()} CPU threads for torch, {os.cpu_count()} logical CPUs"
@@ -193,17 +192,6 @@ def measure_machine(device=None, *, n: int | None = None, nbytes: int | None = N
         bandwidth,
         source=f"measured by llmedu.hardware.probe: {machine_summary(dev)}",
     )
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _short(dtype: torch.dtype) -> str:
