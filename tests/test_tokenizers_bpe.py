@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 
 import pytest
@@ -189,3 +190,90 @@ def test_gpt2_exported_by_us_loads_in_transformers(gpt2, tmp_path):
     fast = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
     text = varied_text()
     assert len(fast) == 50257 and fast(text)["input_ids"] == gpt2.encode(text)
+
+
+# -- ties: the rule that makes training deterministic ---------------------------------------------------------
+TIED = ["ab", "yz", "ab", "yz", "yz", "ab"]  # (a, b) and (y, z) occur three times each: a tie from the first merge
+
+
+@pytest.mark.parametrize("train", ["train", "train_naive"])
+def test_a_tie_goes_to_the_smaller_ids_or_to_the_greater_bytes(train):
+    by_ids = getattr(BPETokenizer(), train)(TIED, 256 + 2 + 1)
+    by_bytes = getattr(BPETokenizer(), train)(TIED, 256 + 2 + 1, tie_break="bytes")
+    assert list(by_ids.merges) == [(ord("a"), ord("b")), (ord("y"), ord("z"))]
+    assert list(by_bytes.merges) == [(ord("y"), ord("z")), (ord("a"), ord("b"))]
+
+
+def test_the_bytes_rule_compares_whole_tokens_not_ids():
+    # After 'zz' (id 256) is learned, (256, 'a') and ('b', 'c') tie. By ids (98, 99) < (256, 97) wins;
+    # by bytes b'zz' > b'b' makes (zz, a) win: the two rules must disagree here.
+    texts = ["zz"] * 9 + ["zza", "zza", "bc", "bc"]
+    by_ids = BPETokenizer().train(texts, 256 + 3 + 1)
+    by_bytes = BPETokenizer().train(texts, 256 + 3 + 1, tie_break="bytes")
+    assert [by_ids.vocab[i] for i in by_ids.merges.values()] == [b"zz", b"bc", b"zza"]
+    assert [by_bytes.vocab[i] for i in by_bytes.merges.values()] == [b"zz", b"zza", b"bc"]
+
+
+def test_both_trainers_agree_under_the_bytes_rule_on_real_text():
+    text = load_corpus("shakespeare")[:15_000]
+    fast = BPETokenizer().train(text, 560, tie_break="bytes")
+    naive = BPETokenizer().train_naive(text, 560, tie_break="bytes")
+    assert list(naive.merges.items()) == list(fast.merges.items())
+    # and the textbook loop with the greater-bytes rule learns the same token strings in the same order
+    words = Counter(tuple(bytes([b]) for b in c.encode("utf-8")) for c in naive.pattern.findall(text))
+    expected = []
+    for _ in range(len(naive.merges)):
+        counts = Counter()
+        for w, n in words.items():
+            for pair in zip(w, w[1:]):
+                counts[pair] += n
+        best = max(counts, key=lambda p: (counts[p], p))  # most frequent; ties to the greater pair of bytes
+        expected.append(best[0] + best[1])
+        merged = Counter()
+        for w, n in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += n
+        words = merged
+    assert [naive.vocab[i] for i in naive.merges.values()] == expected
+    assert list(fast.merges) != list(BPETokenizer().train(text, 560).merges)  # the rule matters on real text
+
+
+def test_hf_trainer_breaks_ties_by_smaller_ids_as_ours_does_on_letters():
+    """HF's BpeTrainer takes the smaller pair of its own ids; for letters these follow byte order, so on a corpus of
+    letter-only words full of ties it learns our "ids" merges exactly, and not our "bytes" ones."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    rng = random.Random(0)
+    texts = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 6))) for _ in range(400)]
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=256 + 1 + 60,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    theirs = [
+        tuple(pair.split(" ")) if isinstance(pair, str) else tuple(pair)
+        for pair in json.loads(hf.to_str())["model"]["merges"]
+    ]
+    theirs = [(a + b).encode("utf-8") for a, b in theirs]  # letters map to themselves in GPT-2's byte-to-unicode map
+    by_ids = BPETokenizer().train(texts, 256 + 1 + 60)
+    by_bytes = BPETokenizer().train(texts, 256 + 1 + 60, tie_break="bytes")
+    assert [by_ids.vocab[i] for i in by_ids.merges.values()] == theirs
+    assert [by_bytes.vocab[i] for i in by_bytes.merges.values()] != theirs
+
+
+def test_an_unknown_tie_rule_is_refused():
+    with pytest.raises(ValueError, match="tie_break='smallest' is not a rule"):
+        BPETokenizer().train(TIED, 260, tie_break="smallest")

@@ -7,8 +7,16 @@ unknown. Training then repeats, until the vocabulary is full:
 
     (a, b) = the most frequent adjacent pair in the corpus;  new symbol ab;  merge it everywhere
 
-Ties between equally frequent pairs go to the smaller pair of ids. Two trainers learn exactly the
-same merges:
+Ties between equally frequent pairs are broken by a stated rule, so training is deterministic:
+
+``tie_break="ids"``    (the default) the pair of smaller ids, compared as (first id, second id). Hugging
+                       Face ``tokenizers``' BpeTrainer uses this rule too, but in its own ids (special tokens
+                       first, then the alphabet sorted by character), which follow byte order for letters and
+                       digits, not for space or control bytes.
+``tie_break="bytes"``  the lexicographically greater pair of byte strings (first token's bytes, then the
+                       second's), the rule of course reference trainers such as Stanford CS336's.
+
+Two trainers learn exactly the same merges under either rule:
 
 ``train_naive``  the loop above as written (minbpe's first version): recount every pair of every
                  chunk before each merge, O(corpus) per merge. The reference: plainly right.
@@ -39,7 +47,9 @@ from .base import Tokenizer, as_texts, check_vocab_size, split_on_special, warn_
 from .bpe_files import bytes_to_unicode, hf_pipeline, load_gpt2
 from .pairs import PairCounts, merge_pair
 
-__all__ = ["BPETokenizer", "GPT2_PATTERN", "bytes_to_unicode"]
+__all__ = ["BPETokenizer", "GPT2_PATTERN", "TIE_BREAKS", "bytes_to_unicode"]
+
+TIE_BREAKS = ("ids", "bytes")
 
 # Contractions, letters with an optional leading space, digits, other symbols, whitespace runs
 # (all but the last space, which then starts the next word: '\s+(?!\S)').
@@ -58,10 +68,15 @@ class BPETokenizer(Tokenizer):
 
     # -- training: the reference, then the fast trainer ---------------------------------------
     def train_naive(
-        self, texts: str | Iterable[str], vocab_size: int, special_tokens: Iterable[str] = ("<|endoftext|>",)
+        self,
+        texts: str | Iterable[str],
+        vocab_size: int,
+        special_tokens: Iterable[str] = ("<|endoftext|>",),
+        tie_break: str = "ids",
     ) -> BPETokenizer:
         """The reference trainer: before each merge, count every adjacent pair of every chunk again."""
         words, special_tokens = self._start_training(texts, vocab_size, special_tokens)
+        ties = _tie_order(tie_break, self.vocab)
         id_of = {bytes([b]): b for b in range(256)}  # token bytes -> id
         while len(id_of) < vocab_size - len(special_tokens):
             counts: Counter[tuple[int, int]] = Counter()
@@ -70,7 +85,7 @@ class BPETokenizer(Tokenizer):
                     counts[pair] += n
             if not counts:
                 break  # every chunk is a single token: the corpus has nothing left to merge
-            pair = min(counts, key=lambda p: (-counts[p], p))  # the most frequent; ties to the smaller ids
+            pair = min(counts, key=lambda p: (-counts[p], ties(p)))  # the most frequent; ties by the rule
             new = id_of.setdefault(self.vocab[pair[0]] + self.vocab[pair[1]], len(id_of))  # ('ab'+'c' = 'a'+'bc')
             self.merges[pair] = new
             self.vocab[new] = self.vocab[pair[0]] + self.vocab[pair[1]]
@@ -86,21 +101,23 @@ class BPETokenizer(Tokenizer):
         vocab_size: int,
         special_tokens: Iterable[str] = ("<|endoftext|>",),
         progress: bool = False,
+        tie_break: str = "ids",
     ) -> BPETokenizer:
         """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``texts`` (the merges of ``train_naive``)."""
         words, special_tokens = self._start_training(texts, vocab_size, special_tokens)
         state = PairCounts(words)
-        heap = [(-n, pair) for pair, n in state.counts.items()]  # a max-heap on count
-        heapq.heapify(heap)
         id_of = {bytes([b]): b for b in range(256)}  # token bytes -> id
         token_of = {b: bytes([b]) for b in range(256)}
+        ties = _tie_order(tie_break, token_of)
+        heap = [(-n, ties(pair), pair) for pair, n in state.counts.items()]  # a max-heap on count, then the rule
+        heapq.heapify(heap)
         bar = tqdm(total=vocab_size - len(special_tokens) - 256, disable=not progress, desc="BPE merges", leave=False)
         while len(id_of) < vocab_size - len(special_tokens):
-            while heap and state.counts.get(heap[0][1], 0) != -heap[0][0]:
+            while heap and state.counts.get(heap[0][2], 0) != -heap[0][0]:
                 heapq.heappop(heap)  # an outdated entry: the pair's count has changed since
             if not heap:
                 break  # every chunk is a single token: the corpus has nothing left to merge
-            _, pair = heapq.heappop(heap)
+            *_, pair = heapq.heappop(heap)
             merged = token_of[pair[0]] + token_of[pair[1]]
             if merged not in id_of:  # (it may be: 'ab'+'c' and 'a'+'bc' make the same token)
                 id_of[merged] = len(id_of)
@@ -109,7 +126,7 @@ class BPETokenizer(Tokenizer):
             self.merges[pair] = id_of[merged]
             for p, n in state.merge(pair, id_of[merged]).items():
                 if n > 0:
-                    heapq.heappush(heap, (-n, p))
+                    heapq.heappush(heap, (-n, ties(p), p))
         bar.close()
         return self._finish_training(special_tokens, vocab_size)
 
@@ -207,3 +224,27 @@ class BPETokenizer(Tokenizer):
         tok.special_tokens = dict(state["special_tokens"])
         tok._build()
         return tok
+
+
+class _Greater:
+    """Orders byte-string pairs in reverse, so that a min-heap (or ``min``) yields the greatest first."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[bytes, bytes]):
+        self.key = key
+
+    def __lt__(self, other: _Greater) -> bool:
+        return self.key > other.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Greater) and self.key == other.key
+
+
+def _tie_order(tie_break: str, token_of: dict[int, bytes]):
+    """The key that ranks equally frequent pairs, smallest first: the pair itself, or its bytes reversed."""
+    if tie_break == "ids":
+        return lambda pair: pair
+    if tie_break == "bytes":
+        return lambda pair: _Greater((token_of[pair[0]], token_of[pair[1]]))
+    raise ValueError(f"tie_break={tie_break!r} is not a rule; use one of {TIE_BREAKS}")
