@@ -12,6 +12,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from llmedu import hardware as hw
+from llmedu import runtime
+from llmedu.hardware import probe
 
 
 # -- FLOP counts against PyTorch's counter --------------------------------------------------------
@@ -187,3 +189,60 @@ def test_probe_runs_on_cuda():
         m = hw.measure_matmul_flops(dtype, n=256, device="cuda", repeats=2, warmup=1, min_seconds=0.001)
         assert 0 < m.best < math.inf
     assert 0 < hw.measure_bandwidth(2**20, device="cuda", repeats=2, min_seconds=0.001).best < math.inf
+
+
+# -- the read probe, the kernel timer, the cache and the spread ----------------------------------------
+def test_read_probe_counts_each_byte_once():
+    m = hw.measure_read_bandwidth(4096, device="cpu", repeats=5, warmup=1, min_seconds=0.001)
+    assert m.work == 4096 and m.unit == "B/s" and len(m.seconds) == 5
+    assert str(m).startswith("read (sum) of 4.1 kB on cpu: median")
+
+
+def test_read_probe_reads_a_written_buffer(monkeypatch):
+    """An untouched buffer reads the OS's zero page from the cache: the probe must write its buffer first."""
+    made = []
+    real_ones = torch.ones
+    monkeypatch.setattr(torch, "ones", lambda *a, **k: made.append(a) or real_ones(*a, **k))
+    hw.measure_read_bandwidth(4096, device="cpu", repeats=1, warmup=0, min_seconds=0.0)
+    assert made == [(1024,)]
+
+
+def test_measurement_reports_median_and_range():
+    m = hw.Measurement("k", 10.0, "FLOP/s", (1.0, 2.0, 5.0, 4.0, 2.5))
+    assert m.median == 10.0 / 2.5 and m.best == 10.0 and m.spread == (2.0, 10.0)
+    assert str(m) == "k: median 4 FLOP/s of 5 repeats, range 2 FLOP/s to 10 FLOP/s"
+
+
+def test_measure_kernel_times_any_call_and_rejects_bad_work():
+    x = torch.ones(1000)
+    m = hw.measure_kernel("sum", x.sum, 4000, "B/s", device="cpu", repeats=5, min_seconds=0.001)
+    assert m.work == 4000 and len(m.seconds) == 5 and 0 < m.median < math.inf
+    with pytest.raises(ValueError, match="work must be the positive FLOPs or bytes of one call, got 0"):
+        hw.measure_kernel("sum", x.sum, 0, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "caches, expected",
+    [([("L1d", "32K"), ("L2", "1024K"), ("L3", "32768K")], 32 * 2**20), ([("L2", "2M")], 2**21), ([], None)],
+)
+def test_last_level_cache_is_the_largest_data_cache(monkeypatch, caches, expected):
+    monkeypatch.setattr(runtime, "_cpu_caches", lambda: caches)
+    assert hw.last_level_cache_bytes() == expected
+
+
+def test_default_buffer_outgrows_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(runtime, "FAST", True)
+    monkeypatch.setattr(runtime, "_cpu_caches", lambda: [("L3", "32768K")])
+    assert probe.default_nbytes("cpu") == 128 * 2**20  # 4x the L3, above the 64 MiB floor
+    monkeypatch.setattr(runtime, "_cpu_caches", lambda: [("L3", "491520K")])  # a 480 MiB L3
+    assert probe.default_nbytes("cpu") == 4 * 480 * 2**20
+    monkeypatch.setattr(runtime, "_cpu_caches", lambda: [])
+    assert probe.default_nbytes("cpu") == 64 * 2**20
+
+
+def test_every_row_cites_its_interconnect():
+    for row in hw.ACCELERATORS:
+        assert row.link and row.link_source, row.name
+        assert row.link_bandwidth is None or 100e9 <= row.link_bandwidth <= 2e12, row.name
+    text = hw.interconnect_table()
+    assert "H100 SXM" in text and "900" in text and "1,200" in text

@@ -1,7 +1,7 @@
 """How fast can this machine go, and how fast can the big ones? The numbers behind lesson 00.
 
-probe      measured: this machine's matmul FLOP/s (fp32, bf16, fp16) and memory bandwidth
-specs      cited: peak FLOP/s, memory and bandwidth of V100, A100, H100, TPU v4/v5e/v5p, IPU GC200
+probe      measured: this machine's matmul FLOP/s (fp32, bf16, fp16), read and copy bandwidth, any kernel
+specs      cited: peak FLOP/s, memory, bandwidth and interconnect of V100, A100, H100, TPU v4/v5e/v5p, IPU GC200
 roofline   modelled: FLOPs and bytes of matmul, softmax, LayerNorm, attention; min(peak, I * B)
 cost       what training costs: 6ND FLOPs, days on a chip at a given MFU, chips to hold the state
 
@@ -18,7 +18,17 @@ from .cost import (
     training_days,
     training_flops,
 )
-from .probe import DTYPES, Measurement, machine_summary, measure_bandwidth, measure_machine, measure_matmul_flops
+from .probe import (
+    DTYPES,
+    Measurement,
+    last_level_cache_bytes,
+    machine_summary,
+    measure_bandwidth,
+    measure_kernel,
+    measure_machine,
+    measure_matmul_flops,
+    measure_read_bandwidth,
+)
 from .roofline import (
     Workload,
     arithmetic_intensity,
@@ -31,7 +41,7 @@ from .roofline import (
     ridge_point,
     softmax,
 )
-from .specs import ACCELERATORS, Accelerator, accelerator, si, spec_table
+from .specs import ACCELERATORS, Accelerator, accelerator, interconnect_table, si, spec_table
 
 __all__ = [
     "ACCELERATORS",
@@ -39,12 +49,16 @@ __all__ = [
     "accelerator",
     "si",
     "spec_table",
+    "interconnect_table",
     "DTYPES",
     "Measurement",
+    "last_level_cache_bytes",
     "machine_summary",
     "measure_bandwidth",
+    "measure_kernel",
     "measure_machine",
     "measure_matmul_flops",
+    "measure_read_bandwidth",
     "Workload",
     "arithmetic_intensity",
     "attainable_flops",

@@ -1,23 +1,27 @@
-"""Measure this machine: matmul FLOP/s per dtype, and memory bandwidth.
+"""Measure this machine: matmul FLOP/s per dtype, and memory bandwidth read-only and as a copy.
 
 Two micro-benchmarks give the two numbers a roofline needs (see ``roofline.py``):
 
 * compute: an (n, n) @ (n, n) matmul, which does 2n^3 FLOPs on 3n^2 elements, so for large n it
   is limited by arithmetic, not by memory;
-* bandwidth: a copy of a buffer several times larger than the last-level cache, counted as
-  ``2 * nbytes`` (every byte read once and written once, as the roofline counts bytes).
+* bandwidth, two ways, each on a buffer several times larger than the last-level cache:
+  a *read* (``x.sum()``: every byte read once, one number written), counted as ``nbytes``, and a
+  *copy* (``dst.copy_(src)``), counted as ``2 * nbytes`` (every byte read once and written once).
+  The two differ because a write costs the memory bus more than a read: a cache that allocates
+  on a write first reads the line it will overwrite (unless the copy uses streaming stores), and
+  DRAM loses cycles each time it turns from reading to writing. A kernel that mostly reads (a
+  matrix-vector product) has the read roof; one that writes as much as it reads, the copy roof.
 
 Timing follows ``timeit``'s rules: a warm-up (first calls pay for allocation, page faults and
 kernel selection), then enough calls per repeat that one repeat lasts at least ``min_seconds``
-(so that the clock and, on a GPU, the synchronisation are negligible), then several repeats,
-reported as the best (the machine's capability) and the median (what a loop typically sees).
+(so that the clock and, on a GPU, the synchronisation are negligible), then several repeats.
+A ``Measurement`` keeps every repeat: its median is the figure to quote, its range the spread.
 ``llmedu.runtime.Timer`` synchronises the device, so kernels are counted where they run.
 
-What is left out: the CPU's write-allocate traffic (a copy on a CPU really moves ~3x nbytes
-unless the library uses streaming stores), clock boost and thermal throttling, and the noise of
-other processes, which the best-of-repeats only partly removes. On a busy CPU that noise can be
-large: a parallel kernel waits for its slowest thread, so a thread descheduled by the OS stalls
-every call, and small kernels, which last less than a scheduler time slice, suffer most.
+What is left out: clock boost and thermal throttling, NUMA (a buffer on the other socket's
+memory), and the noise of other processes. On a busy CPU that noise can be large: a parallel
+kernel waits for its slowest thread, so a thread descheduled by the OS stalls every call, and
+small kernels, which last less than a scheduler time slice, suffer most; the spread shows it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ __all__ = [
     "as_dtype",
     "measure_matmul_flops",
     "measure_bandwidth",
+    "measure_read_bandwidth",
+    "measure_kernel",
+    "last_level_cache_bytes",
+    "default_nbytes",
     "machine_summary",
     "measure_machine",
 ]
@@ -62,8 +70,17 @@ class Measurement:
     def median(self) -> float:
         return self.work / statistics.median(self.seconds)
 
+    @property
+    def spread(self) -> tuple[float, float]:
+        """(slowest, fastest) repeat, as rates: the range the median sits in."""
+        return self.work / max(self.seconds), self.work / min(self.seconds)
+
     def __str__(self) -> str:
-        return f"{self.what}: best {si(self.best, self.unit)}, median {si(self.median, self.unit)}"
+        low, high = self.spread
+        return (
+            f"{self.what}: median {si(self.median, self.unit)} of {len(self.seconds)} repeats, "
+            f"range {si(low, self.unit)} to {si(high, self.unit)}"
+        )
 
 
 def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -110,26 +127,90 @@ def measure_matmul_flops(
 def measure_bandwidth(
     nbytes: int | None = None, *, device=None, repeats: int = 5, warmup: int = 2, min_seconds: float = 0.02
 ) -> Measurement:
-    """Memory bandwidth in bytes/s, from copying an ``nbytes`` fp32 buffer into another.
+    """Copy bandwidth in bytes/s: an ``nbytes`` fp32 buffer copied into another, counted as 2 * nbytes.
 
-    The default size is 64 MiB on a CPU in fast mode (source and destination together, 128 MiB,
-    outgrow the last-level cache of most CPUs), 512 MiB on a CPU otherwise, 1 GiB on a GPU.
+    The default size is the larger of 4x the last-level cache and 64 MiB (fast mode) or 512 MiB,
+    on a CPU; 1 GiB on a GPU.
     """
     dev = torch.device(device) if device is not None else runtime.device()
-    if nbytes is None:
-        nbytes = 2**30 if dev.type != "cpu" else 64 * 2**20 if runtime.FAST else 512 * 2**20
-    _check_positive(nbytes=nbytes, repeats=repeats)
-    elements = nbytes // 4
-    if elements == 0:
-        raise ValueError(f"nbytes={nbytes} is smaller than one fp32 element (4 bytes)")
-    src = torch.ones(elements, device=dev)  # touched now, so no page fault is timed
-    dst = torch.zeros(elements, device=dev)
+    src = _touched_buffer(nbytes, dev, repeats)  # touched now, so no page fault is timed
+    dst = torch.zeros_like(src)
 
     def call():
         dst.copy_(src)
 
     seconds = _time_calls(call, dev, repeats, warmup, min_seconds)
-    return Measurement(f"copy of {si(elements * 4, 'B')} on {dev.type}", 2.0 * elements * 4, "B/s", seconds)
+    return Measurement(f"copy of {si(src.nbytes, 'B')} on {dev.type}", 2.0 * src.nbytes, "B/s", seconds)
+
+
+def measure_read_bandwidth(
+    nbytes: int | None = None, *, device=None, repeats: int = 5, warmup: int = 2, min_seconds: float = 0.02
+) -> Measurement:
+    """Read bandwidth in bytes/s: the sum of an ``nbytes`` fp32 buffer, counted as nbytes (the sum is one number).
+
+    The buffer is written before it is read: an allocated but untouched buffer is, on Linux and
+    most systems, mapped page by page to one shared page of zeros, so its sum would read the cache.
+    Default sizes as in ``measure_bandwidth``.
+    """
+    dev = torch.device(device) if device is not None else runtime.device()
+    src = _touched_buffer(nbytes, dev, repeats)
+
+    def call():
+        src.sum()
+
+    seconds = _time_calls(call, dev, repeats, warmup, min_seconds)
+    return Measurement(f"read (sum) of {si(src.nbytes, 'B')} on {dev.type}", float(src.nbytes), "B/s", seconds)
+
+
+def measure_kernel(
+    what: str,
+    call,
+    work: float,
+    unit: str = "FLOP/s",
+    *,
+    device=None,
+    repeats: int = 5,
+    warmup: int = 2,
+    min_seconds: float = 0.02,
+) -> Measurement:
+    """Time ``call()`` (any kernel) as the probes time theirs; ``work`` is what one call does (FLOPs or bytes)."""
+    dev = torch.device(device) if device is not None else runtime.device()
+    _check_positive(repeats=repeats)
+    if not work > 0:
+        raise ValueError(f"work must be the positive FLOPs or bytes of one call, got {work!r}")
+    return Measurement(what, float(work), unit, _time_calls(call, dev, repeats, warmup, min_seconds))
+
+
+def last_level_cache_bytes() -> int | None:
+    """The size of CPU 0's largest data cache, in bytes, from the sizes ``runtime.machine()`` prints; None if unknown."""
+    sizes = [_parse_size(size) for _, size in runtime._cpu_caches()]
+    return max(sizes) if sizes else None
+
+
+def _parse_size(text: str) -> int:
+    """``"32768K"`` -> 33554432, as Linux's sysfs writes cache sizes (K, M or G suffix, or plain bytes)."""
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    return int(text.rstrip("KMGkmg")) * scale
+
+
+def default_nbytes(device=None) -> int:
+    """The bandwidth probes' buffer: 1 GiB on a GPU; on a CPU 4x its last-level cache, at least 64 MiB
+    in fast mode and 512 MiB otherwise, so that the buffer is read from memory, not from a cache."""
+    dev = torch.device(device) if device is not None else runtime.device()
+    if dev.type != "cpu":
+        return 2**30
+    return max(4 * (last_level_cache_bytes() or 0), 64 * 2**20 if runtime.FAST else 512 * 2**20)
+
+
+def _touched_buffer(nbytes: int | None, dev: torch.device, repeats: int) -> torch.Tensor:
+    """An fp32 buffer of ``nbytes`` (or the default size), every page written once."""
+    if nbytes is None:
+        nbytes = default_nbytes(dev)
+    _check_positive(nbytes=nbytes, repeats=repeats)
+    elements = nbytes // 4
+    if elements == 0:
+        raise ValueError(f"nbytes={nbytes} is smaller than one fp32 element (4 bytes)")
+    return torch.ones(elements, device=dev)  # (elements,)
 
 
 def _time_calls(call, dev: torch.device, repeats: int, warmup: int, min_seconds: float) -> tuple[float, ...]:
@@ -169,14 +250,15 @@ def machine_summary(device=None) -> str:
 def measure_machine(device=None, *, n: int | None = None, nbytes: int | None = None, repeats: int = 5) -> Accelerator:
     """This machine as a row of the spec table, with measured (not datasheet) numbers.
 
-    The peaks are the best of ``repeats`` (n, n) matmuls, the bandwidth the best copy of ``nbytes``
-    (default sizes as in ``measure_matmul_flops`` and ``measure_bandwidth``); memory is the GPU's
-    memory, or the host's RAM on a CPU.
+    The peaks are the medians of ``repeats`` (n, n) matmuls, the bandwidth the median read of
+    ``nbytes`` (the figure a datasheet's memory bandwidth corresponds to; default sizes as in
+    ``measure_matmul_flops`` and ``measure_read_bandwidth``); memory is the GPU's memory, or the
+    host's RAM on a CPU. ``source`` lists the three measurements with their spread.
     """
     dev = torch.device(device) if device is not None else runtime.device()
-    bf16 = measure_matmul_flops("bf16", n, device=dev, repeats=repeats).best
-    fp32 = measure_matmul_flops("fp32", n, device=dev, repeats=repeats).best
-    bandwidth = measure_bandwidth(nbytes, device=dev, repeats=repeats).best
+    bf16 = measure_matmul_flops("bf16", n, device=dev, repeats=repeats)
+    fp32 = measure_matmul_flops("fp32", n, device=dev, repeats=repeats)
+    read = measure_read_bandwidth(nbytes, device=dev, repeats=repeats)
     if dev.type == "cuda":
         memory = torch.cuda.get_device_properties(dev).total_memory
     else:
@@ -185,12 +267,12 @@ def measure_machine(device=None, *, n: int | None = None, nbytes: int | None = N
     return Accelerator(
         f"this machine ({dev.type})",
         kind,
-        bf16,
+        bf16.median,
         "bf16",
-        fp32,
+        fp32.median,
         float(memory),
-        bandwidth,
-        source=f"measured by llmedu.hardware.probe: {machine_summary(dev)}",
+        read.median,
+        source=f"measured by llmedu.hardware.probe: {bf16}; {fp32}; {read}",
     )
 
 

@@ -11,8 +11,12 @@ land. Conventions:
   document gives no figure; nothing is filled in from elsewhere.
 * ``memory_bytes`` and ``memory_bandwidth`` are the chip's main memory: HBM on GPUs and TPUs, the
   on-chip SRAM (In-Processor-Memory) on the IPU, whose off-chip Streaming Memory is left out.
+* ``link_bandwidth`` is the chip's fast chip-to-chip interconnect (NVLink, TPU ICI, IPU-Links),
+  both directions together, as the vendors print it; ``link`` says how far that fast domain reaches
+  and what joins the domains, with ``link_source``.
 
-What is left out: interconnect bandwidth (lessons 09-14), power, price, fp8/int8 figures.
+What is left out: link latency and topology effects (lessons 09-14 measure collectives), power,
+price, fp8/int8 figures.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "spec_table", "si"]
+__all__ = ["Accelerator", "ACCELERATORS", "accelerator", "spec_table", "interconnect_table", "si"]
 
 TERA = 1e12
 GB = 1e9
@@ -40,6 +44,9 @@ class Accelerator:
     memory_bandwidth: float  # bytes/s
     source: str
     notes: str = ""
+    link_bandwidth: float | None = None  # bytes/s per chip, both directions together
+    link: str = ""
+    link_source: str = ""
 
     @property
     def ridge_point(self) -> float:
@@ -60,6 +67,9 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         900 * GB,
         source="NVIDIA, 'NVIDIA Tesla V100 GPU Accelerator' datasheet (2018), V100 for NVLink column",
         notes="Volta has no bf16: the 16-bit figure is fp16 on tensor cores (fp32 accumulate).",
+        link_bandwidth=300 * GB,
+        link="NVLink 2 between the 8 GPUs of a DGX-1 node (hybrid cube mesh); InfiniBand between nodes",
+        link_source="V100 datasheet (as above); NVIDIA DGX-1 datasheet",
     ),
     Accelerator(
         "A100 SXM 80GB",
@@ -71,6 +81,9 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         2039 * GB,
         source="NVIDIA, 'NVIDIA A100 Tensor Core GPU' datasheet (2021), A100 80GB SXM column",
         notes="312 TFLOP/s dense bf16/fp16 (the datasheet's 624 is with 2:4 sparsity).",
+        link_bandwidth=600 * GB,
+        link="NVLink 3 through NVSwitch among the 8 GPUs of an HGX/DGX A100 node; InfiniBand between nodes",
+        link_source="A100 datasheet (as above); NVIDIA DGX A100 datasheet",
     ),
     Accelerator(
         "H100 SXM",
@@ -82,6 +95,9 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         3350 * GB,
         source="NVIDIA, 'NVIDIA H100 Tensor Core GPU' datasheet (2023), H100 SXM column",
         notes="The datasheet prints 1,979 TFLOP/s bf16 'with sparsity'; dense is half of it.",
+        link_bandwidth=900 * GB,
+        link="NVLink 4 through NVSwitch among the 8 GPUs of an HGX/DGX H100 node (up to 256 GPUs with the NVLink Switch System); between nodes InfiniBand at 400 Gb/s (50 GB/s) per GPU in a DGX H100",
+        link_source="H100 datasheet (as above); NVIDIA DGX H100 datasheet",
     ),
     Accelerator(
         "TPU v4",
@@ -94,6 +110,9 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         source="Google Cloud, 'TPU v4' system architecture page; Jouppi et al., 'TPU v4: An Optically "
         "Reconfigurable Supercomputer for Machine Learning with Hardware Support for Embeddings', ISCA 2023",
         notes="Per chip (2 TensorCores). No fp32 figure in the cited table. Memory 32 GiB HBM2.",
+        link_bandwidth=None,
+        link="ICI: a 3D torus of up to 4,096 chips per pod, 64-chip cubes joined by optical circuit switches",
+        link_source="Google Cloud 'TPU v4' page; Jouppi et al., ISCA 2023 (the page gives no per-chip ICI figure)",
     ),
     Accelerator(
         "TPU v5e",
@@ -105,6 +124,9 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         819 * GB,
         source="Google Cloud, 'TPU v5e' system architecture page",
         notes="Per chip (1 TensorCore). No fp32 figure in the cited table.",
+        link_bandwidth=400 * GB,
+        link="ICI: a 2D torus of up to 256 chips per pod; the data-center network between pods",
+        link_source="Google Cloud 'TPU v5e' system architecture page",
     ),
     Accelerator(
         "TPU v5p",
@@ -117,6 +139,9 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         source="Google Cloud, 'TPU v5p' system architecture page",
         notes="Per chip (2 TensorCores). No fp32 figure in the cited table. Versions of the page "
         "write the 95 of memory as GB or GiB.",
+        link_bandwidth=1200 * GB,
+        link="ICI: a 3D torus of up to 8,960 chips per pod; the data-center network (50 Gb/s per chip) between slices",
+        link_source="Google Cloud 'TPU v5p' system architecture page",
     ),
     Accelerator(
         "IPU GC200 (Colossus MK2)",
@@ -130,6 +155,9 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         notes="Memory is 900 MB of on-chip SRAM at 47.5 TB/s; a model that does not fit streams from "
         "off-chip DRAM at a far lower rate (not listed: no datasheet figure pinned down). The 16-bit "
         "figure is fp16 with fp16 accumulation ('FP16.16'); the IPU has no bf16.",
+        link_bandwidth=320 * GB,
+        link="10 IPU-Links per chip; 4 IPUs per IPU-M2000, whose IPU-Gateway joins machines over IPU-Fabric at 2.8 Tb/s per machine",
+        link_source="Graphcore GC200 product page; Graphcore IPU-M2000 datasheet",
     ),
 )
 
@@ -168,4 +196,13 @@ def spec_table(rows: tuple[Accelerator, ...] | list[Accelerator] = ACCELERATORS)
             f"{r.name:<26}{r.kind:<5}{half:>16}{fp32:>14}{r.memory_bytes / GB:>11.3g}"
             f"{r.memory_bandwidth / TERA:>8.3g}{ridge:>14}"
         )
+    return "\n".join(lines)
+
+
+def interconnect_table(rows: tuple[Accelerator, ...] | list[Accelerator] = ACCELERATORS) -> str:
+    """Each chip's fast link (GB/s per chip, both directions), how far it reaches, and the source."""
+    lines = [f"{'accelerator':<26}{'link GB/s':>10}  reach of the fast link, and beyond", "-" * 100]
+    for r in rows:
+        bw = "-" if r.link_bandwidth is None else f"{r.link_bandwidth / GB:,.0f}"
+        lines.append(f"{r.name:<26}{bw:>10}  {r.link}")
     return "\n".join(lines)

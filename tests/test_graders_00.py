@@ -1,0 +1,184 @@
+"""Lesson 00's exercise graders: each fails a plausible wrong value and a right value computed the wrong way.
+
+The exercises: the roofline's bound on decoding tokens/s (both roofs), the smallest compute-bound batch
+(activations' bytes counted, any element size), and a read-bandwidth probe with its bugs fixed (graded on
+the ops it runs, not on the clock, so these tests do not depend on the machine's load).
+"""
+
+import math
+import time
+
+import torch
+
+from llmedu import hardware as hw
+from llmedu.checks import hardware as checks
+
+SMALL = 8 * 2**20  # a probe buffer for these tests; the lesson's grader uses 4x the last-level cache
+
+
+# -- exercise 1: decoding tokens/s ---------------------------------------------------------------
+def decode_right(n_params, bytes_per_param, batch, peak, bandwidth):
+    seconds = max(2 * n_params * batch / peak, n_params * bytes_per_param / bandwidth)
+    return batch / seconds
+
+
+def test_decode_right_answer_passes():
+    assert checks.check_decode_throughput(decode_right)
+
+
+def test_decode_memory_roof_alone_is_right_at_batch_1_and_fails_at_a_large_batch():
+    res = checks.check_decode_throughput(lambda n, s, b, peak, bw: b * bw / (n * s))
+    assert not res and res.cases >= 2  # passed the batch-1 case, then
+    assert "batch 1024" in res.failure and "the memory roof alone" in res.failure
+
+
+def test_decode_compute_roof_alone_fails_at_batch_1():
+    res = checks.check_decode_throughput(lambda n, s, b, peak, bw: peak / (2 * n))
+    assert not res and "batch 1:" in res.failure and "the compute roof alone" in res.failure
+
+
+def test_decode_steps_per_second_instead_of_tokens_fails():
+    res = checks.check_decode_throughput(lambda n, s, b, peak, bw: decode_right(n, s, b, peak, bw) / b)
+    assert not res and "the steps per second" in res.failure
+
+
+def test_decode_forgetting_the_bytes_per_parameter_fails():
+    res = checks.check_decode_throughput(lambda n, s, b, peak, bw: decode_right(n, 1, b, peak, bw))
+    assert not res and "7B in bf16 on an H100, batch 1" in res.failure
+
+
+# -- exercise 2: the smallest compute-bound batch --------------------------------------------------
+def batch_by_search(k, n, peak, bw, s):
+    b = 1
+    while 2 * b * k * n / ((b * k + k * n + b * n) * s) < peak / bw:
+        b += 1
+    return b
+
+
+def test_batch_right_answer_passes():
+    assert checks.check_compute_bound_batch(batch_by_search)
+
+
+def test_batch_the_ridge_point_itself_fails():
+    res = checks.check_compute_bound_batch(lambda k, n, peak, bw, s: math.ceil(peak / bw))
+    assert not res and "the ridge point itself" in res.failure
+
+
+def test_batch_with_two_bytes_hard_wired_is_right_in_bf16_and_fails_in_fp32():
+    res = checks.check_compute_bound_batch(lambda k, n, peak, bw, s: batch_by_search(k, n, peak, bw, 2))
+    assert not res and res.cases == 4 and "a CPU at 150 GFLOP/s" in res.failure and "4-byte" in res.failure
+
+
+def test_batch_weights_only_fails():  # ignores the activations' bytes: b = ridge * s / 2
+    res = checks.check_compute_bound_batch(lambda k, n, peak, bw, s: math.ceil(peak / bw * s / 2))
+    assert not res and "H100" in res.failure
+
+
+# -- exercise 3: the read-bandwidth probe ------------------------------------------------------------
+def timed(kernel, repeats=5, warmup=1):
+    for _ in range(warmup):
+        kernel()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        kernel()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def probe_right(nbytes):
+    x = torch.ones(nbytes // 4)
+    return nbytes, timed(x.sum)
+
+
+def test_probe_right_answer_passes():
+    res = checks.check_read_probe(probe_right, SMALL)
+    assert res, res.failure
+
+
+def test_probe_right_with_another_initialisation_passes():
+    def probe(nbytes):
+        x = torch.empty(nbytes // 4)
+        x.uniform_()  # written in place: the pages are touched
+        return nbytes, timed(lambda: torch.sum(x))
+
+    assert checks.check_read_probe(probe, SMALL)
+
+
+def test_probe_as_given_in_the_lesson_fails_on_the_untouched_buffer():
+    def buggy(nbytes):
+        x = torch.empty(nbytes // 4)
+        return 2 * nbytes, timed(x.sum, warmup=0)
+
+    res = checks.check_read_probe(buggy, SMALL)
+    assert not res and "nothing has written (torch.empty)" in res.failure
+
+
+def test_probe_reading_an_untouched_buffer_at_a_freed_buffers_address_still_fails():
+    def buggy(nbytes):
+        written = torch.ones(nbytes // 4)
+        del written  # the next allocation may reuse its address, but its pages are new
+        x = torch.empty(nbytes // 4)
+        return nbytes, timed(x.sum)
+
+    res = checks.check_read_probe(buggy, SMALL)
+    assert not res and "nothing has written" in res.failure
+
+
+def test_probe_counting_twice_the_bytes_fails():
+    res = checks.check_read_probe(lambda nbytes: (2 * nbytes, probe_right(nbytes)[1]), SMALL)
+    assert not res and "2x the buffer" in res.failure
+
+
+def test_probe_that_copies_fails():
+    def copies(nbytes):
+        x = torch.ones(nbytes // 4)
+        return nbytes, timed(x.clone)
+
+    res = checks.check_read_probe(copies, SMALL)
+    assert not res and "measures a copy" in res.failure
+
+
+def test_probe_without_warm_up_fails():
+    def cold(nbytes):
+        x = torch.ones(nbytes // 4)
+        return nbytes, timed(x.sum, warmup=0)
+
+    res = checks.check_read_probe(cold, SMALL)
+    assert not res and "no warm-up" in res.failure
+
+
+def test_probe_on_a_buffer_that_fits_in_cache_fails():
+    def small(nbytes):
+        x = torch.ones(2**16)  # 256 KiB, whatever was asked
+        return nbytes, timed(x.sum)
+
+    res = checks.check_read_probe(small, SMALL)
+    assert not res and "no op read a buffer" in res.failure
+
+
+def test_probe_with_made_up_seconds_fails():
+    def invented(nbytes):
+        torch.ones(nbytes // 4).sum()
+        x = torch.ones(nbytes // 4)
+        timed(x.sum)
+        return nbytes, [10.0] * 5
+
+    res = checks.check_read_probe(invented, SMALL)
+    assert not res and "more than the call's" in res.failure
+
+
+def test_probe_that_calls_the_library_gives_the_right_numbers_and_fails():
+    def borrowed(nbytes):  # a right value computed the wrong way: llmedu's probe, not the learner's
+        m = hw.measure_read_bandwidth(nbytes, device="cpu", repeats=5)
+        return int(m.work), list(m.seconds)
+
+    res = checks.check_read_probe(borrowed, SMALL)
+    assert not res and "llmedu's own probe was called" in res.failure
+
+
+def test_probe_grader_default_size_outgrows_the_last_level_cache():
+    llc = hw.last_level_cache_bytes()
+    recorded = []
+    checks.check_read_probe(lambda nbytes: recorded.append(nbytes) or probe_right(nbytes))
+    assert recorded and recorded[0] >= max(4 * (llc or 0), 64 * 2**20) - 4
