@@ -158,6 +158,54 @@ def test_causal_tiles_above_the_diagonal_are_skipped():
     assert full.counts["amax"] == 16 and causal.counts["amax"] == 10
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, D, block", [(256, 16, 64), (300, 8, 64), (100, 4, 128)])
+def test_hbm_traffic_counted_as_the_kernel_runs_matches_the_loop(T, D, block, dtype):
+    """FlashAttention-2's loops, read off the code: forward reads Q once and K, V once per query tile and
+    writes O and the fp32 logsumexp once; backward reads K, V once and Q, dO, L, D_i once per key tile,
+    adds into the fp32 dQ (a read and a write) once per key tile. Standard attention: 4 T D + 4 T^2."""
+    from llmedu.kernels.traffic import counting, standard_attention
+
+    e, n = torch.finfo(dtype).bits // 8, math.ceil(T / block)
+    q, k, v = inputs(1, 1, 1, T, T, D, dtype=dtype)
+    with counting() as fwd:
+        out = flash_attention(q, k, v, block_size=block)
+    with counting() as bwd:
+        out.backward(torch.ones_like(out))
+    with counting() as std:
+        standard_attention(q.detach(), k.detach(), v.detach())
+    assert (fwd.read, fwd.written) == ((T * D + 2 * T * D * n) * e, T * D * e + 4 * T)
+    prologue = 2 * T * D * e + 4 * T  # dO and O read, D_i written
+    per_pair = n * (2 * T * D * e + 2 * 4 * T + 2 * 4 * T * D)  # Q, dO, L, D_i read; dQ (fp32) read and written
+    assert bwd.total == prologue + 2 * T * D * e + per_pair + 2 * T * D * e + 4 * T * D + T * D * e
+    assert std.total == (4 * T * D + 4 * T * T) * e
+
+
+def test_traffic_counters_nest_and_close():
+    from llmedu.kernels.traffic import counting, load
+
+    x = torch.zeros(10)
+    with counting() as outer:
+        load(x)
+        with pytest.raises(RuntimeError), counting() as inner:
+            load(x)
+            raise RuntimeError
+        load(x)
+    load(x)  # no counter open: nothing counted anywhere
+    assert (outer.read, inner.read) == (120, 40)
+
+
+def test_largest_temporary_is_a_tile_for_flash_and_the_score_matrix_for_naive():
+    from llmedu.kernels.traffic import largest_temporary, standard_attention
+
+    q = torch.randn(1, 1, 512, 16)
+    for block in (32, 128):
+        n, shape, _ = largest_temporary(lambda q: flash_attention(q, q, q, causal=True, block_size=block), q)
+        assert n == block * block, (block, shape)
+    assert largest_temporary(lambda q: math_attention(q, q, q, True, None), q)[0] == 512 * 512
+    assert largest_temporary(standard_attention, q, q, q)[0] == 512 * 512
+
+
 def test_registered_as_an_attention_function():
     q, k, v = inputs(2, 4, 2, 20, 20, 8)
     torch.testing.assert_close(

@@ -3,6 +3,7 @@
 check_online_logsumexp(fn)   fn(x, block) -> logsumexp over the last dim, reading `block` columns at a time
 check_tiled_attention(fn)    fn(q, k, v, block) -> softmax(q k^T / sqrt(D)) v, tile by tile
 check_causal_tiles(fn)       fn(Tq, Tk, block) -> how many (query tile, key tile) pairs a causal kernel computes
+check_causal_traffic(fn)     fn(T, D, block, itemsize) -> bytes our causal forward moves to and from HBM (predicted)
 check_slot_of(fn)            fn(position, table, block_size) -> (block, offset) of a token in a paged cache
 check_gather_kv(fn)          fn(pool, block_tables, length) -> (B, H_kv, length, D) keys read through the tables
 check_kv_waste(fn)           fn(lengths, max_len, block_size, bytes_per_token) -> bytes wasted, contiguous and paged
@@ -10,7 +11,8 @@ check_fork_tables(fn)        fn(prompt_len, block_size, n_samples) -> block tabl
 check_blocks_needed(fn)      fn(length, n_new, block_size, n_blocks, last_block_shared) -> fresh blocks (find the bug)
 
 The first two grade the method as well as the value: every ATen op the function runs is recorded
-(``torch.utils._python_dispatch.TorchDispatchMode``). The logsumexp fails if an op other than a view or a copy reads
+(``torch.utils._python_dispatch.TorchDispatchMode``). Both fail a call to ``torch.logsumexp`` or ``torch.logaddexp``
+(which would do the merge the exercise asks for). The logsumexp fails if an op other than a view or a copy reads
 more than ``block`` columns at once; the attention fails if it calls a fused attention op, or if any op produces a
 tensor as large as one head's (Tq, Tk) score matrix on a case where the tiles are much smaller.
 """
@@ -25,12 +27,15 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..inference.paged_attention import PagedKVCache, gather_kv
+from ..kernels import flash_attention
+from ..kernels.traffic import counting
 from .core import Grader
 
 __all__ = [
     "check_online_logsumexp",
     "check_tiled_attention",
     "check_causal_tiles",
+    "check_causal_traffic",
     "check_slot_of",
     "check_gather_kv",
     "check_kv_waste",
@@ -72,13 +77,22 @@ def _recorded(g: Grader, fn, *args):
 
 # ops that only move or copy data: they may touch the whole input (a clone, padding to a multiple of the block)
 _COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.constant_pad_nd", "aten.cat", "aten.detach")
+# ops that do the merge of two logsumexps themselves: the exercises ask for it written out
+_MERGES = ("aten.logsumexp", "aten.logaddexp")
+
+
+def _expect_no_merge_op(g: Grader, case: str, calls) -> None:
+    merges = [str(func) for func, *_ in calls if str(func).startswith(_MERGES)]
+    detail = f"it calls {merges[0]}, which does the merge for you" if merges else ""
+    g.expect(f"{case}: the running maximum and sum written out", not merges, detail)
 
 
 def check_online_logsumexp(fn):
     """``fn(x, block)``: logsumexp of x (..., N) over the last dim, one pass over blocks of columns.
 
     The method: no op but a view or a copy may read a tensor whose last dimension is longer than ``block``
-    (``torch.logsumexp(x, -1)``, or ``x.max(-1)`` over the whole row, fails).
+    (``torch.logsumexp(x, -1)``, or ``x.max(-1)`` over the whole row, fails), and none may be ``torch.logsumexp``
+    or ``torch.logaddexp`` (per block, they would do the merge the exercise asks for).
     """
     g = Grader("check_online_logsumexp")
     gen = torch.Generator().manual_seed(0)
@@ -112,6 +126,7 @@ def check_online_logsumexp(fn):
             not wide,
             f"{wide[0][0]} read a tensor of shape {next(s for s in wide[0][1] if s and s[-1] > block)}" if wide else "",
         )
+        _expect_no_merge_op(g, case, calls)
     return g.result()
 
 
@@ -122,7 +137,8 @@ def check_tiled_attention(fn):
     """``fn(q, k, v, block)``: non-causal attention, q (B, H, Tq, D), k and v (B, H, Tk, D).
 
     The method: no fused attention op (``F.scaled_dot_product_attention``), and on the last case, where a tile
-    holds 64 scores and one head's score matrix 1,920, no op may produce a tensor of 1,920 elements or more.
+    holds 64 scores and one head's score matrix 1,920, no op may produce a tensor of 1,920 elements or more;
+    nor may it call ``torch.logsumexp`` or ``torch.logaddexp`` to carry the normaliser.
     """
     g = Grader("check_tiled_attention")
     gen = torch.Generator().manual_seed(0)
@@ -158,6 +174,7 @@ def check_tiled_attention(fn):
                 if big
                 else "",
             )
+        _expect_no_merge_op(g, case, calls)
     return g.result()
 
 
@@ -185,6 +202,24 @@ def check_causal_tiles(fn):
     ]:
         got = g.call(fn, Tq, Tk, block)
         g.compare(f"Tq={Tq}, Tk={Tk}, block={block}", got, _causal_tiles(Tq, Tk, block))
+    return g.result()
+
+
+def check_causal_traffic(fn):
+    """``fn(T, D, block, itemsize)``: the bytes our causal forward (one head, Tq = Tk = T, tiles of ``block``,
+    inputs of ``itemsize`` bytes) reads from and writes to HBM, predicted from the loop, not run: the check fails
+    a function that runs the kernel (a ``load`` or ``store`` counted while it runs)."""
+    g = Grader("check_causal_traffic")
+    for T, D, block, itemsize in [(1000, 64, 128, 2), (300, 32, 64, 4), (129, 16, 128, 2), (1, 8, 16, 4)]:
+        case = f"T={T}, D={D}, block={block}, {itemsize}-byte inputs"
+        with counting() as ran:
+            got = g.call(fn, T, D, block, itemsize)
+        q = torch.zeros(1, 1, T, D, dtype={2: torch.bfloat16, 4: torch.float32}[itemsize])
+        with torch.no_grad(), counting() as counted:  # the answer: the kernel's own count
+            flash_attention(q, q, q, causal=True, block_size=block)
+        g.compare(case, got, counted.total)
+        ran_it = f"it ran the kernel ({ran.total:,} bytes counted): predict the count from the loop instead"
+        g.expect(f"{case}: predicted, not run", ran.total == 0, ran_it)
     return g.result()
 
 

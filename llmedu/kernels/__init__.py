@@ -2,6 +2,8 @@
 
     flash_attention   FlashAttention-2 (Dao 2023): tiled forward with an online softmax, a backward
                       that recomputes the probabilities from the saved logsumexp; O(T) memory
+    traffic           the bytes a kernel moves between HBM and on-chip memory, counted as it runs
+                      (FlashAttention, Section 3.2), and standard attention with the same count
 
 Importing this package registers ``"flash"`` as an attention function of ``llmedu.nn.attention``,
 so any model of the course can use it: ``TransformerConfig(attn_impl="flash")``.

@@ -18,7 +18,8 @@ each tile of probabilities exactly from them, P_ij = exp(S_ij - L_i); with D_i =
     dV_j += P_ij^T dO_i      dP_ij = dO_i V_j^T      dS_ij = P_ij * (dP_ij - D_i)
     dQ_i += dS_ij K_j / sqrt(D)                      dK_j += dS_ij^T Q_i / sqrt(D)
 
-Also here: causal masking aligned bottom-right (query i sees keys j <= i + Tk - Tq, as in
+Every move between HBM and on-chip memory is marked: ``load(tile)`` and ``store(dst, value)`` (from
+``traffic.py``, where they also count bytes, Section 3.2 of the paper). Also here: causal masking aligned bottom-right (query i sees keys j <= i + Tk - Tq, as in
 ``llmedu.nn.attention``) with the tiles above the diagonal skipped, not computed; any lengths
 (the last tile is simply shorter); an additive or boolean mask (key padding, ALiBi); grouped-query
 attention, by viewing the H query heads as (H_kv, H / H_kv) so that every key/value tile is read
@@ -37,6 +38,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .traffic import add_into, load, store
 
 __all__ = ["flash_attention", "FlashAttentionFunction", "DEFAULT_BLOCK_SIZE"]
 
@@ -61,15 +64,15 @@ class FlashAttentionFunction(torch.autograd.Function):
         lse = torch.empty(B, Hkv, G, Tq, dtype=wide, device=q.device)  # the logsumexp L
 
         for q0, q1 in _tiles(Tq, block_size):
-            q_i = qg[..., q0:q1, :].to(wide)  # (B, Hkv, G, Bq, D)
+            q_i = load(qg[..., q0:q1, :], wide)  # (B, Hkv, G, Bq, D): read once, kept in SRAM
             m = torch.full(q_i.shape[:-1], -math.inf, dtype=wide, device=q.device)  # (B, Hkv, G, Bq) running max
             l = torch.zeros_like(m)  # (B, Hkv, G, Bq) running sum of exp(s - m)
             acc = torch.zeros_like(q_i)  # (B, Hkv, G, Bq, D) unnormalised output
             for k0, k1 in _tiles(Tk, block_size):
                 if _skipped(causal, q1, k0, offset):
                     break  # every later tile is further in the future
-                k_j = k[:, :, None, k0:k1].to(wide)  # (B, Hkv, 1, Bk, D), shared by the G query heads
-                v_j = v[:, :, None, k0:k1].to(wide)  # (B, Hkv, 1, Bk, D)
+                k_j = load(k[:, :, None, k0:k1], wide)  # (B, Hkv, 1, Bk, D): read once per query tile
+                v_j = load(v[:, :, None, k0:k1], wide)  # (B, Hkv, 1, Bk, D), shared by the G query heads
                 s = (q_i @ k_j.transpose(-2, -1)) * scale  # (B, Hkv, G, Bq, Bk)
                 bias = _tile_bias(mask, causal, q0, q1, k0, k1, offset, wide, q.device)
                 if bias is not None:
@@ -82,8 +85,8 @@ class FlashAttentionFunction(torch.autograd.Function):
                 acc = alpha[..., None] * acc + _rounded(p, q.dtype) @ v_j  # (B, Hkv, G, Bq, D)
                 m = m_new
             empty = l == 0  # queries that may see no key: output 0, logsumexp -inf
-            out[..., q0:q1, :] = (acc / l.masked_fill(empty, 1.0)[..., None]).to(q.dtype)
-            lse[..., q0:q1] = (m + torch.log(l)).masked_fill(empty, -math.inf)
+            store(out[..., q0:q1, :], acc / l.masked_fill(empty, 1.0)[..., None])  # written once, in q's dtype
+            store(lse[..., q0:q1], (m + torch.log(l)).masked_fill(empty, -math.inf))
 
         out, lse = out.view(B, H, Tq, D), lse.view(B, H, Tq)
         ctx.save_for_backward(q, k, v, out, lse, attn_mask)  # beyond the inputs and output: lse, O(T)
@@ -101,35 +104,42 @@ class FlashAttentionFunction(torch.autograd.Function):
         qg = q.view(B, Hkv, G, Tq, D)
         do = grad_out.reshape(B, Hkv, G, Tq, D)
         mask = None if attn_mask is None else attn_mask.expand(B, H, Tq, Tk).view(B, Hkv, G, Tq, Tk)
-        lse = lse.view(B, Hkv, G, Tq).masked_fill(lse.view(B, Hkv, G, Tq) == -math.inf, math.inf)  # P = 0 there
-        delta = (do.to(wide) * out.view(B, Hkv, G, Tq, D).to(wide)).sum(dim=-1)  # (B, Hkv, G, Tq): D_i
-        dq = torch.zeros(B, Hkv, G, Tq, D, dtype=wide, device=q.device)  # summed over key tiles
+        lse = lse.view(B, Hkv, G, Tq)
+        delta = torch.empty(B, Hkv, G, Tq, dtype=wide, device=q.device)  # D_i, a pass of its own
+        store(delta, (load(do, wide) * load(out.view(B, Hkv, G, Tq, D), wide)).sum(dim=-1))
+        dq = torch.zeros(B, Hkv, G, Tq, D, dtype=wide, device=q.device)  # in HBM, added into by every key tile
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
 
         for k0, k1 in _tiles(Tk, block_size):  # outer loop over keys: dK_j, dV_j stay local
-            k_j = k[:, :, None, k0:k1].to(wide)  # (B, Hkv, 1, Bk, D)
-            v_j = v[:, :, None, k0:k1].to(wide)
+            k_j = load(k[:, :, None, k0:k1], wide)  # (B, Hkv, 1, Bk, D): read once
+            v_j = load(v[:, :, None, k0:k1], wide)
             dk_j = torch.zeros(B, Hkv, k1 - k0, D, dtype=wide, device=k.device)  # (B, Hkv, Bk, D)
             dv_j = torch.zeros_like(dk_j)
             for q0, q1 in _tiles(Tq, block_size):
                 if _skipped(causal, q1, k0, offset):
                     continue
-                q_i = qg[..., q0:q1, :].to(wide)  # (B, Hkv, G, Bq, D)
-                do_i = do[..., q0:q1, :].to(wide)
+                q_i = load(qg[..., q0:q1, :], wide)  # (B, Hkv, G, Bq, D): read once per key tile
+                do_i = load(do[..., q0:q1, :], wide)
+                lse_i = load(lse[..., q0:q1])  # (B, Hkv, G, Bq)
+                lse_i = lse_i.masked_fill(lse_i == -math.inf, math.inf)  # rows that saw no key: P = 0
+                delta_i = load(delta[..., q0:q1])  # (B, Hkv, G, Bq)
                 s = (q_i @ k_j.transpose(-2, -1)) * scale  # (B, Hkv, G, Bq, Bk), recomputed
                 bias = _tile_bias(mask, causal, q0, q1, k0, k1, offset, wide, q.device)
                 if bias is not None:
                     s = s + bias
-                p = torch.exp(s - lse[..., q0:q1, None])  # (B, Hkv, G, Bq, Bk): exact probabilities
+                p = torch.exp(s - lse_i[..., None])  # (B, Hkv, G, Bq, Bk): exact probabilities
                 dv_j += (_rounded(p, q.dtype).transpose(-2, -1) @ do_i).sum(dim=2)  # summed over the G heads
                 dp = do_i @ v_j.transpose(-2, -1)  # (B, Hkv, G, Bq, Bk)
-                ds = _rounded(p * (dp - delta[..., q0:q1, None]), q.dtype)  # softmax's Jacobian
-                dq[..., q0:q1, :] += (ds @ k_j) * scale  # (B, Hkv, G, Bq, D)
+                ds = _rounded(p * (dp - delta_i[..., None]), q.dtype)  # softmax's Jacobian
+                add_into(dq[..., q0:q1, :], (ds @ k_j) * scale)  # (B, Hkv, G, Bq, D), read and written
                 dk_j += (ds.transpose(-2, -1) @ q_i).sum(dim=2) * scale  # (B, Hkv, Bk, D)
-            dk[:, :, k0:k1], dv[:, :, k0:k1] = dk_j, dv_j
+            store(dk[:, :, k0:k1], dk_j)  # written once
+            store(dv[:, :, k0:k1], dv_j)
 
-        return dq.view(B, H, Tq, D).to(q.dtype), dk, dv, None, None, None
+        dq_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        store(dq_out, load(dq).view(B, H, Tq, D))  # the fp32 sums, rounded to q's dtype: one more pass
+        return dq_out, dk, dv, None, None, None
 
 
 def flash_attention(
