@@ -26,6 +26,9 @@ fresh tensor; the hook copies it into the bucket once and makes ``.grad`` the vi
 reducer does. ``zero_grad(set_to_none=False)`` zeroes the views in place, and backward then
 accumulates straight into the buckets: no copy at all.
 
+``DDP(..., link=Link(alpha, beta))`` sends the buckets over a link of known latency and bandwidth
+(``link.py``): the same all-reduces, timed by the alpha-beta model, so that overlap can be measured on a CPU.
+
 Below the algorithm, out of its way: ``check_same_model`` (every rank must hold the same model, since
 the broadcast pairs tensors by position alone), and the timing that fills each wrapper's ``log`` with
 spans of compute and communication for the per-rank timelines of ``llmedu.viz.timeline``
@@ -46,6 +49,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .events import EventLog, hidden_communication
+from .link import Link
 
 __all__ = ["NaiveDataParallel", "DDP", "assign_buckets", "check_same_model", "hidden_communication"]
 
@@ -130,8 +134,9 @@ class DDP(_DataParallel):
     ``p.grad`` a view into it, so the gradients are averaged in place.
     """
 
-    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, *, timed: bool = True):
+    def __init__(self, module: nn.Module, bucket_mb: float = 25.0, *, timed: bool = True, link: Link | None = None):
         super().__init__(module, timed)
+        self.comm = dist if link is None else link  # a Link has torch.distributed's all_reduce, on a modelled network
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._names = {id(p): name for name, p in module.named_parameters()}
         dtypes = {p.dtype for p in self.params}
@@ -199,7 +204,7 @@ class DDP(_DataParallel):
     @torch.no_grad()
     def _launch(self, b: int) -> None:
         flat = self.flat[b].div_(self.world_size)  # (bucket numel,): the .grad views, averaged in place
-        work = dist.all_reduce(flat, async_op=True)  # returns at once; backward goes on meanwhile
+        work = self.comm.all_reduce(flat, async_op=True)  # returns at once; backward goes on meanwhile
         self._pending.append(work.get_future())
 
     @torch.no_grad()
