@@ -12,8 +12,9 @@ One step: forward and backward on the device; each unit's gradient is reduce-sca
 and its shard copied to the host (§4.1, "g16 -> CPU"); the host runs AdamW on its shard; the
 updated shard is cast to bf16 and copied back, and an all-gather rebuilds the full parameters.
 
-The code is ``ZeRO(stage=2, host=...)``: each ``ZeROUnit`` (``zero_unit.py``) already takes a place
-for its shard; this file names the configuration and says where every byte is (``placement()``). On a
+The code is ``ZeRO2`` with ``host=...`` (``zero.py``): ``ZeROBase.master_shard`` puts each unit's
+master shard on the host, and its gradient and AdamW's moments follow it there; this file names the
+configuration and says where every byte is (``placement()``). On a
 CUDA machine the host tensors are pinned CPU memory and the copies really cross PCIe. On a
 CPU-only machine "device" and "host" are the same RAM: the split is then a budget accounted from
 the tensors each side owns, which is what ``placement()`` reports, and what the lesson plots.
@@ -29,15 +30,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .zero import ZeRO
+from .zero import ZeRO2
 
 __all__ = ["ZeROOffload"]
 
 
-class ZeROOffload(ZeRO):
+class ZeROOffload(ZeRO2):
     """ZeRO-2 with the fp32 master shards, their gradients and the optimizer on ``host``.
 
-    ``compute_dtype`` (default bf16) is what the device holds; everything else as ``ZeRO``.
+    ``compute_dtype`` (default bf16) is what the device holds; everything else as ``zero.ZeRO``.
     """
 
     def __init__(
@@ -51,7 +52,7 @@ class ZeROOffload(ZeRO):
     ):
         if torch.device(host).type != "cpu":
             raise ValueError(f"host must be a CPU device (the host's memory), got {host!r}")
-        super().__init__(module, 2, optimizer_class, compute_dtype=compute_dtype, host=host, **kwargs)
+        super().__init__(module, optimizer_class, compute_dtype=compute_dtype, host=host, **kwargs)
 
     def host_traffic(self) -> dict[str, int]:
         """Bytes each rank copies between device and host per step (a count, from the shards' sizes).
