@@ -11,9 +11,9 @@ pipeline_parallel  the executor: one step of any schedule (virtual stages, split
 pipeline_schedules naive, GPipe, 1F1B, interleaved 1F1B and ZB-H1 as action lists; their simulation and bubbles
 pipeline_stages how a model is cut into stages and chunks
 mesh            DP x TP x PP process groups from one world, and training with any layout
-zero_unit       one module's parameters as one flat buffer, padded, sharded across ranks, gathered;
-                which unit owns each parameter (a tied one exactly once, a frozen one none)
-zero            ZeRO stages 1, 2 and 3: optimizer state, gradients and parameters sharded
+zero_shard      one unit's parameters as one flat buffer, padded to N equal shards; all-gather, reduce-scatter
+zero            ZeRO stages 1, 2 and 3 (a class each): optimizer state, gradients and parameters sharded
+zero_common     what the stages share: units, frozen and tied parameters, the clipped step; zero_checks its guards
 offload         ZeRO-Offload: master weights, moments and the optimizer step on the host
 sequence_parallel Megatron-SP: norms and dropout split along the sequence, g/g-bar (all-gather/reduce-scatter)
 sequence_parallel_attention  Megatron-SP's attention half and a whole pre-LN block under SP
