@@ -172,8 +172,10 @@ def check_glu_width(fn) -> CheckResult:
 def check_rmsnorm_as_layernorm(fn) -> CheckResult:
     """``fn(x)`` returns x' with RMSNorm(x') equal to LayerNorm(x), same gain, no bias."""
     g = Grader("check_rmsnorm_as_layernorm")
-    for shape in ((2, 8), (3, 5, 32)):
-        x = torch.randn(*shape, generator=_gen(5)) * 2 + 3  # a large mean: centring matters
+    # a large mean (centring matters), then a spread of 1e-3 (eps = 1e-5 is not negligible against the
+    # variance: an x' that is already normalised, such as LayerNorm(x) itself, is then scaled by RMSNorm again)
+    for shape, spread in (((2, 8), 2.0), ((3, 5, 32), 2.0), ((4, 16), 1e-3)):
+        x = torch.randn(*shape, generator=_gen(5)) * spread + 3
         rms, ln = RMSNorm(shape[-1], eps=1e-5), LayerNorm(shape[-1], eps=1e-5, bias=False)
         ln.weight.data = rms.weight.data = torch.randn(shape[-1], generator=_gen(6))
         got = g.call(fn, x.clone())
@@ -238,6 +240,10 @@ def check_fixed_layernorm(fn) -> CheckResult:
                     "is the mean of the squared deviations, a division by d",
                 )
         g.compare(case, got, expected, atol=TOL)
+        if isinstance(got, torch.Tensor) and got.shape == x.shape:
+            # statistics kept from an earlier call (BatchNorm's running statistics) leave the other tokens
+            # alone but normalise the changed one wrongly: its output must be LayerNorm's too
+            g.compare(f"{case}, after changing the last token", other, ref(moved).detach(), atol=TOL)
     return g.result()
 
 
