@@ -25,3 +25,24 @@ def test_crossover_grader_fails_typical_mistakes(capsys):
     assert not check_attention_crossover(lambda h, a, v, d: (34 * h / (5 * a)) ** 0.5)  # treats it as s^2 vs 1
     assert not check_attention_crossover(lambda h, a, v, d: crossover(h, a, v, not d))  # dropout terms swapped
     assert "FAIL check_attention_crossover" in capsys.readouterr().out
+
+
+def test_zero_bytes_grader_accepts_shards_padded_to_equal_size():
+    """DeepSpeed and FSDP pad a buffer to N shards of ceil(Ψ/N) elements: that count passes, as the formula's does."""
+
+    def padded(n, w, stage):
+        s = -(-n // w)  # ceil(Ψ/N)
+        return 2 * (s if stage >= 3 else n) + 2 * (s if stage >= 2 else n) + 12 * (s if stage >= 1 else n)
+
+    assert padded(124_439_808, 7, 3) != sum(zero_bytes_per_rank(124_439_808, 7, 3).values())  # a case that differs
+    assert check_zero_bytes(padded)
+    # the floor instead of the ceiling drops the tail elements: still a failure
+    floor = lambda n, w, stage: (
+        2 * (n // w if stage >= 3 else n)
+        + 2 * (n // w if stage >= 2 else n)
+        + 12
+        * (  # noqa: E731
+            n // w if stage >= 1 else n
+        )
+    )
+    assert not check_zero_bytes(floor)
