@@ -6,6 +6,7 @@ the pieces of a split matrix, multiplied one after the other.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -24,6 +25,9 @@ __all__ = [
     "check_peak_in_flight",
     "check_partition",
     "check_rank_of",
+    "check_nodes_spanned",
+    "check_equivalent_lr",
+    "check_rank_order",
 ]
 
 
@@ -169,4 +173,127 @@ def check_rank_of(fn: Callable[[int, int, int, tuple], int]) -> CheckResult:
                         g.call(fn, d, t, p, sizes),
                         rank_of(d, t, p, sizes),
                     )
+    return g.result()
+
+
+# -- lesson 13: where a mesh's groups sit on nodes, and what a missing mean does --------------------------------
+KINDS = ("dp", "tp", "pp")
+
+
+def _rank(coords: dict, sizes: dict, order: tuple) -> int:
+    """The global rank of ``coords`` when ``order`` lists the dimensions fastest first (mixed radix)."""
+    rank, stride = 0, 1
+    for kind in order:
+        rank, stride = rank + coords[kind] * stride, stride * sizes[kind]
+    return rank
+
+
+def groups(kind: str, sizes: dict, order: tuple) -> list[list[int]]:
+    """Every group of ``kind``: the ranks that differ only in that coordinate."""
+    others = [k for k in KINDS if k != kind]
+    found = []
+    for fixed in itertools.product(*(range(sizes[k]) for k in others)):
+        coords = dict(zip(others, fixed))
+        found.append([_rank({**coords, kind: i}, sizes, order) for i in range(sizes[kind])])
+    return found
+
+
+def nodes_spanned(kind: str, sizes: dict, order: tuple, gpus_per_node: int) -> int:
+    """The most nodes any one group of ``kind`` touches, rank r sitting on node r // gpus_per_node."""
+    return max(len({r // gpus_per_node for r in group}) for group in groups(kind, sizes, order))
+
+
+def cross_node_traffic(traffic: dict, sizes: dict, order: tuple, gpus_per_node: int) -> float:
+    """Bytes per step that leave a node, in the exercise's model: a group spanning two or more nodes sends all
+    of its ``traffic[kind]`` bytes between nodes, a group inside one node none."""
+    return sum(
+        traffic[kind] * sum(len({r // gpus_per_node for r in g}) > 1 for g in groups(kind, sizes, order))
+        for kind in KINDS
+    )
+
+
+_SPAN_CASES = [  # (sizes, order fastest first, GPUs per node)
+    ({"dp": 2, "tp": 8, "pp": 4}, ("tp", "dp", "pp"), 8),
+    ({"dp": 2, "tp": 8, "pp": 4}, ("pp", "dp", "tp"), 8),
+    ({"dp": 4, "tp": 2, "pp": 2}, ("tp", "dp", "pp"), 8),
+    ({"dp": 4, "tp": 4, "pp": 2}, ("dp", "pp", "tp"), 4),
+    ({"dp": 2, "tp": 16, "pp": 2}, ("tp", "dp", "pp"), 8),
+    ({"dp": 8, "tp": 2, "pp": 3}, ("pp", "tp", "dp"), 8),
+    ({"dp": 3, "tp": 4, "pp": 2}, ("dp", "tp", "pp"), 4),
+]
+
+
+def check_nodes_spanned(fn: Callable[[str, dict, tuple, int], int]) -> CheckResult:
+    """``fn(kind, sizes, order, gpus_per_node)`` -> the most nodes one group of ``kind`` spans."""
+    g = Grader("check_nodes_spanned")
+    for sizes, order, gpn in _SPAN_CASES:
+        for kind in KINDS:
+            g.compare(
+                f"{kind} groups of {sizes}, order {order} (fastest first), {gpn} GPUs a node",
+                g.call(fn, kind, dict(sizes), order, gpn),
+                nodes_spanned(kind, sizes, order, gpn),
+            )
+    return g.result()
+
+
+BUGS = {
+    "none": "the code as train_3d has it",
+    "sum": "the DP all-reduce sums the replicas' gradients and never divides by dp",
+    "twice": "the gradients are divided by dp twice",
+    "micro-sum": "the pipeline adds up its micro-batch losses instead of averaging them (no / n_micro)",
+}
+
+
+def equivalent_lr(bug: str, optimizer: str, lr: float, dp: int, n_micro: int) -> float:
+    """The learning rate at which the correct code takes the buggy code's steps (plain SGD, or AdamW, whose
+    update m / sqrt(v) does not change when every gradient is scaled by one constant, up to its eps)."""
+    if optimizer == "adamw":
+        return lr
+    return lr * {"none": 1, "sum": dp, "twice": 1 / dp, "micro-sum": n_micro}[bug]
+
+
+def check_equivalent_lr(fn: Callable[[str, str, float, int, int], float]) -> CheckResult:
+    """``fn(bug, optimizer, lr, dp, n_micro)`` -> the learning rate of the correct code that repeats the bug."""
+    g = Grader("check_equivalent_lr")
+    for bug, optimizer, (dp, n_micro) in itertools.product(BUGS, ("sgd", "adamw"), [(2, 2), (4, 2), (2, 8), (8, 1)]):
+        g.compare(
+            f"bug {bug!r} ({BUGS[bug]}), {optimizer}, lr 0.1, dp={dp}, n_micro={n_micro}",
+            g.call(fn, bug, optimizer, 0.1, dp, n_micro),
+            equivalent_lr(bug, optimizer, 0.1, dp, n_micro),
+            rtol=1e-9,
+        )
+    return g.result()
+
+
+_ORDER_CASES = [  # (bytes per group per step by kind, sizes, GPUs per node)
+    ({"tp": 40e9, "dp": 3e9, "pp": 0.5e9}, {"dp": 4, "tp": 8, "pp": 2}, 8),
+    ({"tp": 40e9, "dp": 3e9, "pp": 0.5e9}, {"dp": 2, "tp": 16, "pp": 2}, 8),
+    ({"tp": 1e9, "dp": 6e9, "pp": 0.2e9}, {"dp": 2, "tp": 4, "pp": 4}, 8),
+    ({"tp": 8e9, "dp": 2e9, "pp": 9e9}, {"dp": 2, "tp": 2, "pp": 2}, 4),
+]
+
+
+def check_rank_order(fn: Callable[[dict, dict, int], tuple]) -> CheckResult:
+    """``fn(traffic, sizes, gpus_per_node)`` -> an order (fastest first) that sends the fewest bytes between
+    nodes (``cross_node_traffic``); any order that ties with the best passes."""
+    g = Grader("check_rank_order")
+    for traffic, sizes, gpn in _ORDER_CASES:
+        order = g.call(fn, dict(traffic), dict(sizes), gpn)
+        what = f"traffic {traffic}, sizes {sizes}, {gpn} GPUs a node"
+        if not g.expect(
+            f"{what}: an order of 'tp', 'dp', 'pp'",
+            isinstance(order, (tuple, list)) and sorted(order) == sorted(KINDS),
+            f"got {order!r}",
+        ):
+            continue
+        best = min(itertools.permutations(KINDS), key=lambda o: cross_node_traffic(traffic, sizes, o, gpn))
+        mine, least = (
+            cross_node_traffic(traffic, sizes, tuple(order), gpn),
+            cross_node_traffic(traffic, sizes, best, gpn),
+        )
+        g.expect(
+            f"{what}: the fewest bytes between nodes",
+            mine <= least * (1 + 1e-9),
+            f"{tuple(order)} sends {mine / 1e9:.1f} GB between nodes a step; {best} sends {least / 1e9:.1f} GB",
+        )
     return g.result()

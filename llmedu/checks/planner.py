@@ -10,16 +10,41 @@ check_pick(fn)
     fn(scenario) -> a ``Layout`` for each of three stated clusters; it passes when the layout fits and
     its predicted step time is within 10% of the planner's best layout without context parallelism
     (whose cost the model underestimates at these sequence lengths: lesson 13 says why), by the model
+
+Lesson 13b's exercises (each fails a function that asks ``llmedu.planner`` for the answer: the grader
+records every call into the planner's files while the learner's function runs):
+
+check_all_reduce_on_cluster(fn)
+    fn(nbytes, group_size, stride, gpus_per_node, intra, inter) -> seconds of a ring all-reduce of a group
+    laid out ``stride`` ranks apart, on the link the cost model gives it (``Cluster.link``: g rings at once)
+check_states_gib(fn)
+    fn(cfg, layout) -> GiB of model states (2 + 2 + 12 bytes a parameter, ZeRO-sharded) on the busiest rank
+check_pick_40gb(fn)
+    fn(scenario) -> (Layout, predicted GiB) for three clusters of A100 40GB, which the presets do not know
 """
 
 from __future__ import annotations
 
-from ..planner.clusters import Link, cluster, collective_time
-from ..planner.memory import Batch, Layout, uneven_splits
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from ..models.config import TransformerConfig
+from ..planner.clusters import ETHERNET, Link, cluster, collective_time
+from ..planner.memory import Batch, Layout, held_parameters, uneven_splits
 from ..planner.search import MODELS, evaluate, plan
 from .core import CheckResult, Grader
 
-__all__ = ["check_ring_all_reduce_time", "check_micro_batches_for_bubble", "check_pick", "SCENARIOS"]
+__all__ = [
+    "check_ring_all_reduce_time",
+    "check_micro_batches_for_bubble",
+    "check_pick",
+    "SCENARIOS",
+    "check_all_reduce_on_cluster",
+    "check_states_gib",
+    "check_pick_40gb",
+    "SCENARIOS_40GB",
+]
 
 _RING_CASES = [(1e9, 8, 300e9, 5e-6), (2.5e7, 64, 25e9, 1e-5), (4, 2, 1e9, 1e-6), (1e6, 1, 1e9, 1e-6)]
 _BUBBLE_CASES = [(4, 1, 0.10), (8, 1, 0.05), (8, 2, 0.05), (16, 4, 0.02), (2, 1, 1.0), (12, 3, 0.2)]
@@ -80,4 +105,148 @@ def check_pick(fn) -> CheckResult:
             f"{layout}: {mine.time['total']:.2f} s; the planner's best without CP, {best.layout}: "
             f"{best.time['total']:.2f} s",
         )
+    return g.result()
+
+
+# -- lesson 13b: the cost model by hand -------------------------------------------------------------------------
+PLANNER = Path(__file__).resolve().parents[1] / "planner"
+
+
+def _without_planner(g: Grader, fn, *args):
+    """``fn(*args)`` through ``g.call``, failing the case if it called any function of ``llmedu.planner``."""
+    called = []
+
+    def watch(frame, event, arg):
+        code = frame.f_code
+        # building a Layout or a Batch (to return one) is not asking the planner
+        mine = code.co_qualname.split(".")[0] in ("Layout", "Batch")
+        if event == "call" and code.co_filename.startswith(str(PLANNER)) and not mine and not called:
+            called.append(f"{Path(code.co_filename).stem}.{code.co_qualname}")
+
+    sys.setprofile(watch)
+    try:
+        got = g.call(fn, *args)
+    finally:
+        sys.setprofile(None)
+    g.expect(
+        "your function works it out without the planner",
+        not called,
+        f"it called llmedu.planner's {called[0] if called else ''}: reason from the lesson's costs instead",
+    )
+    return got
+
+
+def _node(gpus_per_node: int, intra: tuple, inter: tuple):
+    c = cluster("dgx-a100", nodes=2)
+    return replace(
+        c, gpus_per_node=gpus_per_node, intra=Link("intra", *intra, "exercise"), inter=Link("inter", *inter, "exercise")
+    )
+
+
+_CLUSTER_CASES = [  # (bytes, group size, stride, GPUs per node, intra (B/s, s), inter (B/s, s))
+    (2e9, 8, 1, 8, (300e9, 5e-6), (25e9, 1e-5)),  # one node
+    (2e9, 32, 1, 8, (300e9, 5e-6), (25e9, 1e-5)),  # 8 members on each of 4 nodes
+    (2e9, 16, 8, 8, (300e9, 5e-6), (25e9, 1e-5)),  # one member a node (TP8 inside each)
+    (5e8, 16, 4, 8, (300e9, 5e-6), (25e9, 1e-5)),  # 2 members a node
+    (1e9, 4, 2, 8, (300e9, 5e-6), (25e9, 1e-5)),  # a span of 8: inside a node
+    (1e9, 64, 1, 8, (300e9, 5e-6), (50e9, 1e-5)),  # 8 x 50 GB/s is more than NVLink carries
+    (3e8, 8, 2, 4, (150e9, 3e-6), (12.5e9, 2e-5)),  # 2 a node on 4-GPU nodes
+]
+
+
+def check_all_reduce_on_cluster(fn) -> CheckResult:
+    """Grade ``fn(nbytes, group_size, stride, gpus_per_node, intra, inter)`` against the ring all-reduce on
+    ``Cluster.link(group_size, stride)``; intra and inter are (bandwidth B/s per direction, latency s)."""
+    g = Grader("check_all_reduce_on_cluster")
+    for n, p, stride, gpn, intra, inter in _CLUSTER_CASES:
+        got = _without_planner(g, fn, n, p, stride, gpn, intra, inter)
+        link = _node(gpn, intra, inter).link(p, stride)
+        g.compare(
+            f"{n:g} bytes over {p} ranks {stride} apart, {gpn} GPUs a node, intra {intra}, inter {inter}",
+            got,
+            collective_time("all_reduce", n, p, link),
+            rtol=1e-6,
+        )
+    return g.result()
+
+
+_STATES_CASES = [  # models and layouts the lesson does not print
+    ("llama3-8b", Layout(dp=4, tp=2, pp=1, zero=0)),
+    ("llama3-70b", Layout(dp=8, tp=4, pp=4, zero=1)),
+    ("gpt3-175b", Layout(dp=16, tp=8, pp=6, zero=2)),
+    (
+        TransformerConfig.llama(vocab_size=32000, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=40, d_ff=13824),
+        Layout(dp=32, tp=1, pp=1, zero=3),
+    ),
+    (
+        TransformerConfig.gpt2(vocab_size=50304, d_model=2560, n_layers=30, n_heads=32, max_seq_len=2048),
+        Layout(dp=2, tp=4, pp=4, zero=0),
+    ),
+]
+
+
+def states_gib(cfg: TransformerConfig, layout: Layout) -> float:
+    """Weights, gradients and Adam (2 + 2 + 12 bytes a parameter) of the busiest rank, ZeRO over dp, in GiB."""
+    held = held_parameters(cfg, layout)
+    return (
+        held
+        * (
+            2 / (layout.dp if layout.zero >= 3 else 1)
+            + 2 / (layout.dp if layout.zero >= 2 else 1)
+            + 12 / (layout.dp if layout.zero >= 1 else 1)
+        )
+        / 2**30
+    )
+
+
+def check_states_gib(fn) -> CheckResult:
+    """Grade ``fn(cfg, layout)`` -> GiB of model states on the busiest rank, within 1%."""
+    g = Grader("check_states_gib")
+    for model, layout in _STATES_CASES:
+        cfg = MODELS[model] if isinstance(model, str) else model
+        name = model if isinstance(model, str) else f"a {cfg.n_layers}-layer model of width {cfg.d_model}"
+        g.compare(f"{name}, {layout}", _without_planner(g, fn, cfg, layout), states_gib(cfg, layout), rtol=0.01)
+    return g.result()
+
+
+# (model preset, nodes of 8 A100 40GB, batch sequences, sequence length, link between nodes)
+SCENARIOS_40GB = {
+    "Llama-3-8B, 4096 tokens, on 2 nodes": ("llama3-8b", 2, 512, 4096, "InfiniBand HDR"),
+    "GPT-3 175B on 32 nodes": ("gpt3-175b", 32, 1024, 2048, "InfiniBand HDR"),
+    "Llama-3-70B, 4096 tokens, on 4 nodes with Ethernet": ("llama3-70b", 4, 256, 4096, "100 Gb Ethernet"),
+}
+
+
+def cluster_40gb(nodes: int, inter: str):
+    """DGX-style nodes of 8 A100 SXM 40GB: the 80GB preset with half the memory (NVIDIA's A100 datasheet)."""
+    c = cluster("dgx-a100", nodes=nodes, inter=ETHERNET if inter == "100 Gb Ethernet" else None)
+    return replace(c, accelerator=replace(c.accelerator, name="A100 SXM 40GB", memory_bytes=40e9))
+
+
+def check_pick_40gb(fn) -> CheckResult:
+    """Grade ``fn(scenario) -> (Layout, GiB)``: the layout must fit 90% of 40 GB, be within 10% of the best
+    predicted step without context parallelism, and its GiB must be within 15% of the model's."""
+    g = Grader("check_pick_40gb")
+    for name, (model, nodes, sequences, seq_len, inter) in SCENARIOS_40GB.items():
+        c, batch, cfg = cluster_40gb(nodes, inter), Batch(sequences, seq_len), MODELS[model]
+        got = _without_planner(g, fn, name)
+        ok = isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Layout)
+        if not g.expect(f"{name}: (Layout, GiB)", ok, f"got {got!r}"):
+            continue
+        layout, gib = got
+        if not g.expect(f"{name}: uses {c.world_size} GPUs", layout.world == c.world_size, f"{layout}: {layout.world}"):
+            continue
+        wrong = uneven_splits(cfg, layout, batch)
+        if not g.expect(f"{name}: each degree divides what it splits", not wrong, f"{layout}: {'; '.join(wrong)}"):
+            continue
+        mine = evaluate(cfg, layout, c, batch)
+        best = plan(cfg, c, batch, top=1, where=lambda lay: lay.cp == 1)[0]
+        need = mine.memory_total / 2**30
+        g.expect(f"{name}: fits in 90% of 40 GB", mine.fits, f"{layout} needs {need:.1f} GiB per GPU")
+        g.expect(
+            f"{name}: within 10% of the best predicted step",
+            mine.time["total"] <= 1.1 * best.time["total"],
+            f"{layout}: {mine.time['total']:.2f} s; a layout at {best.time['total']:.2f} s exists",
+        )
+        g.compare(f"{name}: your memory estimate for {layout} (GiB)", gib, need, rtol=0.15)
     return g.result()

@@ -139,7 +139,9 @@ def train_3d(
         loss_fn = lm_loss
     stage = PipelineStage(model, mesh.pp_rank, pp)
     del model
-    pipe = Pipeline(stage, mesh.pp_ranks, loss_fn, act_shape=lambda ids: (*ids.shape, config.d_model))
+    act_shape = lambda ids: (*ids.shape, config.d_model)  # noqa: E731
+    # activations cross in the model's dtype (float64 when the caller made that the default)
+    pipe = Pipeline(stage, mesh.pp_ranks, loss_fn, act_shape, dtype=torch.get_default_dtype())
     params = list(stage.parameters())
     opt = torch.optim.SGD(params, lr=lr) if optimizer == "sgd" else torch.optim.AdamW(params, lr=lr)
     losses = []

@@ -249,7 +249,8 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
     """Mean cross-entropy of ``target`` (...) given this rank's slice of the logits (..., V / N)."""
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(target.shape)} disagree")
-    losses = _VocabParallelCrossEntropy.apply(logits.flatten(0, -2).float(), target.flatten(), group)
+    logits = logits.flatten(0, -2).to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32; fp64 stays
+    losses = _VocabParallelCrossEntropy.apply(logits, target.flatten(), group)
     return losses.mean()
 
 
