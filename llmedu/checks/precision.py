@@ -1,4 +1,4 @@
-"""Graders for lesson 07's precision exercises: accumulation, number formats, 8-bit optimizer state.
+"""Graders for lessons 07 and 07b: accumulation, number formats, loss scaling, fp8 casts, AdamW, 8-bit state.
 
 check_stall_point(fn)           fn(value, dtype) -> where a running sum of dtype(value), kept in
                                 dtype, stops growing (bf16, fp16, fp32; ties included)
@@ -8,21 +8,93 @@ check_float_format(fn)          fn(exponent_bits, mantissa_bits, ieee) -> (max, 
                                 of a binary float format: fp32, TF32, bf16, fp16, fp8 E5M2 and E4M3
 check_adam8bit_state_bytes(fn)  fn(numel, block_size, min_8bit_size) -> bytes of ``AdamW8bit``'s state
                                 for one parameter tensor after its first step, as ``state_bytes`` counts them
+check_skipped_steps(fn)         fn(init_scale, growth_interval, overflow_scale, n_steps) -> how many steps a
+                                dynamic loss scaler skips when every scale >= overflow_scale overflows
+check_fp8_underflow(fn)         fn(std, fmt, scale) -> the share of N(0, std^2) values that fp8(x * scale)
+                                sends to 0 (the step-0 underflow of delayed scaling)
+check_adamw_fix(fn)             ``check_adamw_step`` for the find-the-bug exercise, refusing library steps
 
 The references are the library's (``stall_point``) or measured (a real running sum, ``torch.finfo``,
-``FORMATS``, the state tensors of a real ``AdamW8bit``), never a second copy of the formula being tested.
+``FORMATS``, the state tensors of a real ``AdamW8bit``, ``torch.amp.GradScaler``, ``cast_to_fp8`` on
+normal quantiles), never a second copy of the formula being tested. The graders also enforce the
+method: an answer that counts by running the thing it should predict (a running sum in the dtype, a
+real ``AdamW8bit``, ``GradScaler``, ``torch.finfo``, a sampled and cast tensor, a library AdamW step)
+fails with a message that says so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+from collections.abc import Iterator
+
 import torch
+from torch.overrides import TorchFunctionMode
 
 from llmedu.checks.core import CheckResult, Grader
+from llmedu.checks.optim import check_adamw_step
 from llmedu.optim.eight_bit import AdamW8bit, state_bytes
 from llmedu.train.accumulation import stall_point
-from llmedu.train.fp8 import FORMATS
+from llmedu.train.fp8 import FORMATS, cast_to_fp8
+from llmedu.train.precision import LossScaler
 
-__all__ = ["check_stall_point", "check_additions_to_stall", "check_float_format", "check_adam8bit_state_bytes"]
+__all__ = [
+    "check_stall_point",
+    "check_additions_to_stall",
+    "check_float_format",
+    "check_adam8bit_state_bytes",
+    "check_skipped_steps",
+    "check_fp8_underflow",
+    "check_adamw_fix",
+]
+
+
+class MethodError(RuntimeError):
+    """The answer used the tool the exercise asks you to predict or replace."""
+
+
+class _RecordOps(TorchFunctionMode):
+    """Records the name of every torch function and tensor method called inside ``with``."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def _recorded(fn, ops: list[str]):
+    """``fn`` with the torch ops of each call appended to ``ops``."""
+
+    def call(*args):
+        recorder = _RecordOps()
+        with recorder:
+            out = fn(*args)
+        ops.extend(recorder.names)
+        return out
+
+    return call
+
+
+@contextlib.contextmanager
+def _refusing(reason: str, *attributes: tuple[object, str]) -> Iterator[None]:
+    """Replace each ``getattr(owner, name)`` by a function that raises ``MethodError(reason)``."""
+    saved = [(owner, name, owner.__dict__[name]) for owner, name in attributes]
+
+    def refuse(*args, **kwargs):
+        raise MethodError(reason)
+
+    try:
+        for owner, name, _ in saved:
+            setattr(owner, name, refuse)
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -68,11 +140,19 @@ def check_additions_to_stall(fn) -> CheckResult:
         (2.0**-7, torch.bfloat16),  # a power of two: every addition is exact until the ties, n = stall / v
         (3.0, torch.float16),  # a value above 1
     ]
+    ops: list[str] = []
     for value, dtype in cases:
-        got = g.call(fn, value, dtype)
-        if not g.compare(
-            f"value={value!r}, dtype={DTYPE_NAMES[dtype]}", got, _measured_additions_to_stall(value, dtype)
+        expected = _measured_additions_to_stall(value, dtype)
+        got = g.call(_recorded(fn, ops), value, dtype)
+        summed = sorted({op for op in ops if "add" in op or "sum" in op})
+        if not g.expect(
+            f"value={value!r}, dtype={DTYPE_NAMES[dtype]}: the method",
+            not summed,
+            f"your function adds tensors ({', '.join(summed)}): that runs the sum instead of predicting it. "
+            "Reason with the grid in Python floats: torch only to round the value, torch.tensor(value, dtype).item()",
         ):
+            break
+        if not g.compare(f"value={value!r}, dtype={DTYPE_NAMES[dtype]}", got, expected):
             break
     return g.result()
 
@@ -100,8 +180,19 @@ def _format_cases():
 def check_float_format(fn) -> CheckResult:
     """Grade ``fn(exponent_bits, mantissa_bits, ieee)`` on six formats against ``torch.finfo`` and ``FORMATS``."""
     g = Grader("check_float_format")
-    for name, args, expected in _format_cases():
-        got = g.call(fn, *args)
+    cases = list(_format_cases())
+    saved_formats = dict(FORMATS)
+    reason = "derive the three numbers from the bits; torch.finfo and FORMATS are the answer key"
+    for name, args, expected in cases:
+        with _refusing(reason, (torch, "finfo")):
+            FORMATS.clear()  # a lookup in the table of formats finds nothing while the answer runs
+            try:
+                got = g.call(fn, *args)
+            finally:
+                FORMATS.update(saved_formats)
+        if g.failure is not None:  # it raised: say that the tables were switched off
+            g.failure += f" (torch.finfo and FORMATS are switched off while your function runs: {reason})"
+            break
         if not g.expect(
             f"{name} (exponent_bits={args[0]}, mantissa_bits={args[1]}, ieee={args[2]})",
             got is not None and isinstance(got, (tuple, list)) and len(got) == 3,
@@ -134,8 +225,105 @@ def check_adam8bit_state_bytes(fn) -> CheckResult:
         (10_000, 256, 0),  # everything quantized, small blocks
         (1, 2048, 0),  # one element still needs a whole block's absmax
     ]:
-        got = g.call(fn, numel, block_size, min_8bit_size)
         expected = _measured_state_bytes(numel, block_size, min_8bit_size)
+        with _refusing("count the bytes from the sizes; building an AdamW8bit measures them", (AdamW8bit, "__init__")):
+            got = g.call(fn, numel, block_size, min_8bit_size)
         if not g.compare(f"numel={numel:,}, block_size={block_size}, min_8bit_size={min_8bit_size}", got, expected):
             break
+    return g.result()
+
+
+# -- loss scaling: predict the skipped steps ---------------------------------------------------------
+def _measured_skipped_steps(init_scale: float, growth_interval: int, overflow_scale: float, n_steps: int) -> int:
+    """Replay ``torch.amp.GradScaler`` on a gradient that is inf exactly when the scale is >= overflow_scale."""
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
+    skipped = 0
+    for _ in range(n_steps):
+        scaler.scale(torch.zeros(()))  # what a training step does first (it creates GradScaler's scale tensor)
+        scale = scaler.get_scale()
+        p.grad = torch.full((1,), math.inf if scale >= overflow_scale else scale)  # the scaled gradient
+        before = p.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        skipped += int(scale >= overflow_scale and torch.equal(before, p.detach()))
+    return skipped
+
+
+def check_skipped_steps(fn) -> CheckResult:
+    """Grade ``fn(init_scale, growth_interval, overflow_scale, n_steps)`` against a replayed ``GradScaler``."""
+    g = Grader("check_skipped_steps")
+    reason = "predict the count; running GradScaler or LossScaler is the measurement the grader makes"
+    for args in [
+        (2.0**24, 10, 2.0**20, 600),  # the board of the lesson, with a fixed overflow line
+        (2.0**4, 5, 2.0**20, 200),  # a low first guess: 80 clean steps of growth before the first overflow
+        (2.0**20, 10, 2.0**20, 100),  # the guess is the line itself: one skip, then the probing
+        (2.0**16, 2000, 2.0**20, 5000),  # GradScaler's default interval: it never reaches the line
+        (2.0**16, 3, 2.0**13, 50),  # a short interval: a skip in every 4 steps once settled
+        (1024.0, 7, 2.0**12, 23),  # the run ends in the middle of a clean streak
+    ]:
+        expected = _measured_skipped_steps(*args)
+        with _refusing(reason, (torch.amp.GradScaler, "__init__"), (LossScaler, "__init__")):
+            got = g.call(fn, *args)
+        init, interval, line, n = args
+        description = f"init_scale=2^{math.log2(init):g}, growth_interval={interval}, "
+        description += f"overflow_scale=2^{math.log2(line):g}, n_steps={n}"
+        if not g.compare(description, got, expected):
+            break
+    return g.result()
+
+
+# -- fp8: the underflow of a cast at a given scale ---------------------------------------------------
+def _measured_underflow(std: float, fmt: str, scale: float, n: int = 1_000_000) -> float:
+    """Cast n evenly spaced quantiles of N(0, std^2), times ``scale``, to fp8: the share that becomes 0."""
+    q = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    x = std * torch.special.ndtri(q)  # (n,) the normal distribution, without sampling noise
+    return float((cast_to_fp8((x * scale).float(), fmt) == 0).double().mean())
+
+
+def check_fp8_underflow(fn) -> CheckResult:
+    """Grade ``fn(std, fmt, scale)`` against casts of normal quantiles with ``cast_to_fp8`` (to 1e-5)."""
+    g = Grader("check_fp8_underflow")
+    ops: list[str] = []
+    for std, fmt, scale in [
+        (0.02, "e4m3", 1.0),  # a weight matrix at GPT-2's initialisation, step 0 (no history: scale 1)
+        (0.02, "e4m3", 448 / 0.08),  # the same once delayed scaling has seen an amax of 4 std
+        (1e-5, "e5m2", 1.0),  # small gradients at scale 1
+        (1e-5, "e5m2", 2.0**10),
+        (1.0, "e4m3", 1.0),  # activations of unit size
+        (3e-6, "e5m2", 1.0),
+    ]:
+        expected = _measured_underflow(std, fmt, scale)
+        got = g.call(_recorded(fn, ops), std, fmt, scale)
+        if not g.expect(
+            f"std={std:g}, fmt={fmt!r}, scale={scale:g}: the method",
+            not ops,
+            f"your function calls torch ({', '.join(sorted(set(ops)))}): predict the share with a formula "
+            "(math.erf), without sampling or casting a tensor",
+        ):
+            break
+        if not g.compare(f"std={std:g}, fmt={fmt!r}, scale={scale:g}", got, expected, rtol=1e-3, atol=1e-5):
+            break
+    return g.result()
+
+
+# -- AdamW: find the bug, without calling a library step ---------------------------------------------
+LIBRARY_OPS = ("lerp_", "addcdiv_", "_foreach_", "_fused_adam")  # what adamw_update_ and torch.optim.AdamW call
+
+
+def check_adamw_fix(fn) -> CheckResult:
+    """``check_adamw_step`` on the fixed step, failing any answer that calls a library AdamW step."""
+    g = Grader("check_adamw_fix")
+    ops: list[str] = []
+    with contextlib.redirect_stdout(io.StringIO()):  # the inner grader's verdict becomes this one's case
+        inner = check_adamw_step(_recorded(fn, ops))
+    library = sorted({op for op in ops if any(name in op for name in LIBRARY_OPS)})
+    if g.expect(
+        "the method",
+        not library,
+        f"your step calls {', '.join(library)}, the ops of adamw_update_ / torch.optim.AdamW: fix the given code instead",
+    ):
+        g.cases += inner.cases - 1
+        g.expect("the values", bool(inner), inner.failure or "")
     return g.result()
