@@ -211,6 +211,8 @@ def test_measurement_reports_median_and_range():
     m = hw.Measurement("k", 10.0, "FLOP/s", (1.0, 2.0, 5.0, 4.0, 2.5))
     assert m.median == 10.0 / 2.5 and m.best == 10.0 and m.spread == (2.0, 10.0)
     assert str(m) == "k: median 4 FLOP/s of 5 repeats, range 2 FLOP/s to 10 FLOP/s"
+    fast = hw.Measurement("k", 2e10, "B/s", (1.0, 2.0, 1.25))
+    assert fast.brief() == "16 GB/s (10-20)"
 
 
 def test_measure_kernel_times_any_call_and_rejects_bad_work():

@@ -21,6 +21,8 @@ from .cost import (
 from .probe import (
     DTYPES,
     Measurement,
+    cache_sizes,
+    default_nbytes,
     last_level_cache_bytes,
     machine_summary,
     measure_bandwidth,
@@ -52,6 +54,8 @@ __all__ = [
     "interconnect_table",
     "DTYPES",
     "Measurement",
+    "cache_sizes",
+    "default_nbytes",
     "last_level_cache_bytes",
     "machine_summary",
     "measure_bandwidth",

@@ -26,6 +26,7 @@ small kernels, which last less than a scheduler time slice, suffer most; the spr
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
     "measure_bandwidth",
     "measure_read_bandwidth",
     "measure_kernel",
+    "cache_sizes",
     "last_level_cache_bytes",
     "default_nbytes",
     "machine_summary",
@@ -74,6 +76,12 @@ class Measurement:
     def spread(self) -> tuple[float, float]:
         """(slowest, fastest) repeat, as rates: the range the median sits in."""
         return self.work / max(self.seconds), self.work / min(self.seconds)
+
+    def brief(self) -> str:
+        """``"14.3 GFLOP/s (13.2-17.1)"``: the median, and the range of the repeats in the median's units."""
+        low, high = self.spread
+        scale = 1000 ** min(max(int(math.floor(math.log10(self.median) / 3)), 0), 8)
+        return f"{si(self.median, self.unit)} ({low / scale:.3g}-{high / scale:.3g})"
 
     def __str__(self) -> str:
         low, high = self.spread
@@ -181,9 +189,15 @@ def measure_kernel(
     return Measurement(what, float(work), unit, _time_calls(call, dev, repeats, warmup, min_seconds))
 
 
+def cache_sizes() -> list[tuple[str, int]]:
+    """CPU 0's data caches as (level, bytes), e.g. [("L1d", 32768), ("L2", 1048576), ...], as ``runtime.machine()``
+    prints them (from Linux's sysfs; empty elsewhere)."""
+    return [(level, _parse_size(size)) for level, size in runtime._cpu_caches()]
+
+
 def last_level_cache_bytes() -> int | None:
-    """The size of CPU 0's largest data cache, in bytes, from the sizes ``runtime.machine()`` prints; None if unknown."""
-    sizes = [_parse_size(size) for _, size in runtime._cpu_caches()]
+    """The size of CPU 0's largest data cache, in bytes; None if unknown."""
+    sizes = [size for _, size in cache_sizes()]
     return max(sizes) if sizes else None
 
 
