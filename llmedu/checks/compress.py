@@ -17,11 +17,17 @@ check_cosine_gradient(fn)      fn(student_hidden, teacher_hidden) (B, T, d) -> d
                                derivation, not autograd, of DistilBERT's L_cos = mean over the B*T tokens of
                                1 - cos(s, t): -(t / |t| - cos(s, t) s / |s|) / (|s| B T), the part of t-hat
                                perpendicular to s, over |s| (Sanh et al. 2019, sec. 2)
+check_high_temperature_limit(fn)
+                               fn(student_logits, teacher_logits) (B, C) -> the limit of T^2 KL as T -> infinity,
+                               (1 / 2C) sum_c ((s_c - mean s) - (t_c - mean t))^2, averaged over the batch: distillation
+                               becomes matching centred logits (Hinton et al. 2015, sec. 2.1), computed from the
+                               logits alone (no softmax, exp or log: the grader records the torch calls)
 """
 
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from llmedu.checks.core import CheckResult, Grader
 from llmedu.compress.distillation import hidden_state_loss, soft_target_loss
@@ -34,6 +40,7 @@ __all__ = [
     "check_distillation_loss",
     "check_cosine_gradient",
     "check_packed_bytes",
+    "check_high_temperature_limit",
 ]
 
 SECOND_LEVEL_BLOCK = 256  # first-level scales per fp32 second-level scale (QLoRA's choice)
@@ -108,6 +115,21 @@ def check_distillation_loss(fn) -> CheckResult:
     return g.result()
 
 
+_SOFTMAX_LIKE = ("softmax", "log_softmax", "exp", "log", "logsumexp", "kl_div", "sigmoid", "expm1", "log1p")
+
+
+class _Calls(TorchFunctionMode):
+    """The names of the torch functions and tensor methods called inside the ``with`` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)).strip("_"))
+        return func(*args, **(kwargs or {}))
+
+
 def _cosine_cases(gen: torch.Generator) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, student (B, T, d), teacher (B, T, d)) pairs on which the usual slips give other numbers."""
     cases = []
@@ -129,8 +151,11 @@ def check_cosine_gradient(fn) -> CheckResult:
     for name, s, t in _cosine_cases(torch.Generator().manual_seed(2)):
         leaf = s.clone().requires_grad_()
         (expected,) = torch.autograd.grad(hidden_state_loss(leaf, t), leaf)
-        with torch.no_grad():
+        calls = _Calls()
+        with torch.no_grad(), calls:
             got = g.call(fn, s.clone(), t.clone())
+        used = sorted(calls.names & {"backward", "grad", "requires_grad", "enable_grad", "set_grad_enabled"})
+        g.expect(f"{name}: by the derivation", not used, f"your function used autograd ({used}): derive it by hand")
         # fp32 norms and dot products of O(1)-O(10) vectors: relative error a few ulps; 1e-6 absolute covers the
         # zero-gradient case, where autograd's answer is itself rounding noise of order 1e-8
         g.compare(name, got, expected, atol=1e-6, rtol=1e-4)
@@ -148,4 +173,38 @@ def check_packed_bytes(fn) -> CheckResult:
             rtol=0,
             atol=0,
         )
+    return g.result()
+
+
+def high_temperature_limit(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """The reference: T^2 KL(softmax(t/T) || softmax(s/T)) as T -> infinity, for logits (B, C)."""
+    s = student_logits - student_logits.mean(-1, keepdim=True)  # (B, C): a softmax ignores a shift of its row
+    t = teacher_logits - teacher_logits.mean(-1, keepdim=True)
+    return (s - t).pow(2).sum(-1).mean() / (2 * student_logits.shape[-1])
+
+
+def check_high_temperature_limit(fn) -> CheckResult:
+    """The value against the closed form, and no softmax, exp or log in the learner's code (a large T is not
+    the limit: evaluating the loss at T = 1e6 gives a number close to it by another road)."""
+    g = Grader("check_high_temperature_limit")
+    gen = torch.Generator().manual_seed(3)
+    cases = []
+    for B, C in [(1, 2), (4, 2), (3, 5), (8, 10)]:
+        cases.append((f"logits ({B}, {C})", torch.randn(B, C, generator=gen, dtype=torch.float64) * 2))
+    shift = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    cases.append(("teacher rows shifted by a constant (a softmax does not see it)", shift))
+    for name, s in cases:
+        t = torch.randn(s.shape, generator=gen, dtype=torch.float64) * 2
+        if "shifted" in name:
+            t = s + 0.3 * torch.randn(s.shape, generator=gen, dtype=torch.float64) + torch.arange(4.0)[:, None] * 5
+        calls = _Calls()
+        with calls:
+            got = g.call(fn, s.clone(), t.clone())
+        used = sorted(calls.names & set(_SOFTMAX_LIKE))
+        g.expect(
+            f"{name}: computed from the logits alone",
+            not used,
+            f"your function called {used}: derive the limit; do not evaluate the loss at a large T",
+        )
+        g.compare(name, got, high_temperature_limit(s, t), rtol=1e-6, atol=1e-9)
     return g.result()

@@ -295,13 +295,14 @@ def student(
     lr: float = 1e-4,
     T: float = 2.0,
     callbacks=(),
+    seed: int = 0,
     **alphas,
 ):
     """A student of every other teacher layer, trained ``steps`` steps by distillation or on labels
-    (the same seed, data order and steps either way)."""
+    (the same seed, data order and steps either way; ``seed`` draws the dropout masks)."""
     from ..train.loop import TrainConfig, train
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = make_student(teacher).train()
     loss_fn = DistillationLoss(teacher, T=T, **alphas) if distill else classification_loss
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
