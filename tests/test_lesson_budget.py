@@ -29,7 +29,6 @@ NOT_YET_DISTILLED = {
     "17_peft",
     "18_long_sequences",
     "19_mixture_of_experts",
-    "20_compression",
     "21_retrieval",
     "22_capstone_cramming",
 }
