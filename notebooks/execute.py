@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     modes.add_argument("--as-committed", action="store_true", help="each notebook in its recorded mode")
     parser.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell")
     args = parser.parse_args(argv)
-    paths = args.notebooks or sorted(HERE.glob("[0-9][0-9]_*.ipynb"))
+    paths = args.notebooks or sorted(HERE.glob("[0-9][0-9]*_*.ipynb"))
     failed = []
     for path in paths:
         if not path.is_file() or path.suffix != ".ipynb":

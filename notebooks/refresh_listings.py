@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="lessons to refresh (default: every lesson)")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a listing is out of date")
     args = parser.parse_args(argv)
-    paths = args.notebooks or sorted(HERE.glob("[0-9][0-9]_*.ipynb"))
+    paths = args.notebooks or sorted(HERE.glob("[0-9][0-9]*_*.ipynb"))
     out_of_date = 0
     for path in paths:
         stale = refresh(path, args.check)

@@ -39,6 +39,6 @@ def test_a_mode_that_is_neither_is_refused(tmp_path):
         execute.committed_mode(lesson(tmp_path, {"llmedu": {"mode": "slow"}}))
 
 
-@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")), ids=lambda p: p.name)
 def test_every_lesson_records_a_known_mode(path):
     assert execute.committed_mode(path) in ("fast", "full")
