@@ -17,6 +17,7 @@ from llmedu.parallel.data_parallel import DDP
 from llmedu.parallel.link import Link
 
 ALPHA, BETA = 0.1, 1e6  # 100 ms per message, 1 MB/s: 4,000 bytes take 104 ms
+SKEW = 0.3  # seconds by which rank 1 launches a collective after rank 0
 
 
 def test_cost_model():
@@ -63,6 +64,13 @@ def _timed_ops() -> dict:
         w.wait()
     out["p2p"] = (time.perf_counter() - start, buffer[0].item())
     out["records"] = [r["op"] for r in link.records]
+    # a collective cannot start before its last rank launched it: rank 1 comes SKEW seconds late
+    skewed = Link(ALPHA, BETA)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(SKEW)
+    skewed.all_reduce(torch.ones(1000))
+    out["skewed"] = {k: skewed.records[0][k] for k in ("launched", "ready", "start", "end")}
     # DDP over the link and over plain gloo: the same buckets, the same sums, the same bits
     grads = {}
     ddp_link = Link(1e-3, 1e8)
@@ -95,3 +103,10 @@ def test_link_timing_and_ddp_equality():
         assert r["buckets"] > 1  # several all-reduces launched during backward
         assert r["ddp_sent"] == ["all_reduce"] * r["buckets"]  # ... and all of them over the link
         assert r["equal"]
+    # perf_counter is one clock for every process on a host, so the ranks' times compare
+    last_launch = max(r["skewed"]["launched"] for r in results)
+    assert results[1]["skewed"]["launched"] - results[0]["skewed"]["launched"] >= SKEW
+    for r in results:
+        assert r["skewed"]["ready"] == last_launch  # both ranks see the late rank's launch
+        assert r["skewed"]["start"] >= last_launch  # rank 0's all-reduce is not drawn before rank 1 joined
+        assert r["skewed"]["end"] - r["skewed"]["start"] == pytest.approx(per_op)

@@ -18,12 +18,15 @@ the tensor passed and ``N`` the ranks of the group, the ring algorithms of ``col
     post(sends, recvs)     one message per tensor
 
 When each operation ends: the link carries one operation at a time per direction, in the order they
-were launched, like a network card's queue. An operation starts when it is launched or when the link
-is free, whichever is later, and ends ``op_time`` after it starts; collectives use both directions, a
-send the outgoing one, a receive the incoming one. A collective assumes its partners launch it at about
-the same time (as DDP's buckets do); a receive cannot start before its message exists, so it starts no
-earlier than gloo's delivery. The handle completes at the modelled end, or when gloo finishes if gloo
-is slower: each entry of ``records`` says which (``overrun``), so the student can see the model held.
+were launched, like a network card's queue. An operation starts when it is ready and the link is free,
+whichever is later, and ends ``op_time`` after it starts; collectives use both directions, a send the
+outgoing one, a receive the incoming one. A send is ready when it is launched. A collective is ready
+when the last of its ranks has launched it (a ring cannot move before every rank has joined): beside
+each collective the ranks exchange their launch times (a MAX all-reduce of one number), so a rank that
+launches early waits for the late one, as it would on a real network. A receive cannot start before its
+message exists, so it is ready at gloo's delivery. The handle completes at the modelled end, or when
+gloo finishes if gloo is slower: each entry of ``records`` says which (``overrun``), so the student can
+see the model held.
 
 Left out: contention between links (every rank has its own), topology (a ring on a torus, NVLink inside
 a node and InfiniBand between nodes), and chunk pipelining within a collective.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -67,8 +71,9 @@ class Link:
 
     Its methods take the arguments of the ``torch.distributed`` functions of the same names, so a
     wrapper can call ``(link or dist).all_reduce(x, async_op=True)``. ``records`` lists every
-    operation: op, bytes, launched, start, end (modelled), gloo_end, overrun, in ``time.perf_counter()``
-    seconds (one clock for every process on a host).
+    operation: op, bytes, launched (here), ready (for a collective: the latest launch among its ranks),
+    start, end (modelled), gloo_end, overrun, in ``time.perf_counter()`` seconds (one clock for every
+    process on a host).
     """
 
     def __init__(self, alpha: float, beta: float):
@@ -80,6 +85,8 @@ class Link:
         self.records: list[dict] = []
         self._free = {"send": 0.0, "recv": 0.0}  # when each direction finishes its last operation
         self._lock = threading.Lock()
+        self._placed = threading.Event()  # set once the last launched send or collective has its slot
+        self._placed.set()
 
     # -- the model ------------------------------------------------------------------------------------
     def message_time(self, nbytes: float) -> float:
@@ -106,20 +113,20 @@ class Link:
 
     # -- the operations ---------------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
-        real = dist.all_reduce(tensor, op=op, group=group, async_op=True)
-        return self._collective("all_reduce", real, tensor, group, async_op)
+        start = partial(dist.all_reduce, tensor, op=op, group=group, async_op=True)
+        return self._collective("all_reduce", start, tensor, group, async_op)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
-        real = all_gather_single(output, input, group=group, async_op=True)
-        return self._collective("all_gather_single", real, input, group, async_op)
+        start = partial(all_gather_single, output, input, group=group, async_op=True)
+        return self._collective("all_gather_single", start, input, group, async_op)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
-        real = reduce_scatter_single(output, input, group=group, async_op=True)
-        return self._collective("reduce_scatter_single", real, input, group, async_op)
+        start = partial(reduce_scatter_single, output, input, group=group, async_op=True)
+        return self._collective("reduce_scatter_single", start, input, group, async_op)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
-        real = dist.all_to_all_single(output, input, group=group, async_op=True)
-        return self._collective("all_to_all_single", real, input, group, async_op)
+        start = partial(dist.all_to_all_single, output, input, group=group, async_op=True)
+        return self._collective("all_to_all_single", start, input, group, async_op)
 
     def post(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> list[LinkWork]:
         """As ``p2p.post``: receives into ``recvs`` [(buffer, src)], sends of ``sends`` [(tensor, dst)], one
@@ -135,40 +142,59 @@ class Link:
         return [self._launch(kind, real, t, 1, (kind,)) for kind, real, t in zip(kinds, reals, tensors)]
 
     # -- when each one ends -----------------------------------------------------------------------------
-    def _collective(self, op: str, real, tensor: torch.Tensor, group, async_op: bool):
-        work = self._launch(op, real, tensor, dist.get_world_size(group), _BOTH)
+    def _collective(self, op: str, start, tensor: torch.Tensor, group, async_op: bool):
+        launched = time.perf_counter()
+        stamp = torch.tensor([launched], dtype=torch.float64)
+        # every rank sends its launch time first (a few bytes); the operation is ready at the latest one
+        latest = dist.all_reduce(stamp, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        real = start()
+        work = self._launch(op, real, tensor, dist.get_world_size(group), _BOTH, launched, (latest, stamp))
         if async_op:
             return work
         work.wait()
         return None
 
-    def _launch(self, op: str, real, tensor: torch.Tensor, world_size: int, lanes: tuple[str, ...]) -> LinkWork:
+    def _launch(self, op, real, tensor, world_size, lanes, launched=None, latest=None) -> LinkWork:
         nbytes = tensor.numel() * tensor.element_size()
-        record = dict(op=op, bytes=nbytes, launched=time.perf_counter(), seconds=self.op_time(op, nbytes, world_size))
-        work = LinkWork()
+        launched = time.perf_counter() if launched is None else launched
+        record = dict(op=op, bytes=nbytes, launched=launched, seconds=self.op_time(op, nbytes, world_size))
+        work, turn = LinkWork(), None
         with self._lock:
             self.records.append(record)
-            if op != "recv":  # its place on the link is known now: the queue decides it
-                self._occupy(record, lanes, ready=record["launched"])
-        threading.Thread(target=self._deliver, args=(record, real, work, lanes), daemon=True).start()
+            if op != "recv":  # sends and collectives take their slots in launch order, like a NIC's queue
+                turn = (self._placed, threading.Event())
+                self._placed = turn[1]
+        threading.Thread(target=self._deliver, args=(record, real, work, lanes, turn, latest), daemon=True).start()
         return work
 
     def _occupy(self, record: dict, lanes: tuple[str, ...], ready: float) -> None:
         """Give the operation its slot: from when it is ready and its lanes are free, for its modelled time."""
+        record["ready"] = ready
         record["start"] = max(ready, *(self._free[lane] for lane in lanes))
         record["end"] = record["start"] + record["seconds"]
         for lane in lanes:
             self._free[lane] = record["end"]
 
-    def _deliver(self, record: dict, real, work: LinkWork, lanes: tuple[str, ...]) -> None:
-        """In a helper thread: wait for gloo, then sleep out the rest of the modelled time."""
+    def _deliver(self, record: dict, real, work: LinkWork, lanes: tuple[str, ...], turn, latest) -> None:
+        """In a helper thread: place the operation on the link, wait for gloo, sleep out the modelled rest."""
         try:
+            if turn is not None:  # a send or a collective: after the one launched before it
+                ready = record["launched"]
+                if latest is not None:  # a collective: ready once its last rank launched it
+                    latest[0].wait()
+                    ready = latest[1].item()
+                turn[0].wait()
+                with self._lock:
+                    self._occupy(record, lanes, ready)
+                turn[1].set()
             real.wait()
         except Exception as error:  # a peer failed: the handle raises it, as gloo's would
+            if turn is not None:
+                turn[1].set()  # the operations behind it fail on their own; none waits forever
             work.future.set_exception(error)
             return
         record["gloo_end"] = time.perf_counter()
-        if record["op"] == "recv":  # the data exists once gloo delivered it
+        if turn is None:  # a receive: its message exists once gloo delivered it
             with self._lock:
                 self._occupy(record, lanes, ready=record["gloo_end"])
         record["overrun"] = record["gloo_end"] > record["end"]
