@@ -5,6 +5,7 @@
 
 from contextlib import nullcontext
 
+import torch
 from torch import nn
 
 from llmedu.checks.data_parallel import (
@@ -12,11 +13,14 @@ from llmedu.checks.data_parallel import (
     bucket_comm_time,
     check_accumulation,
     check_bucket_comm_time,
+    check_bucket_prediction,
     check_exposed_communication,
     check_launch_order,
     exposed_communication,
     launch_order,
 )
+from llmedu.parallel.data_parallel import assign_buckets
+from llmedu.parallel.link import Link
 
 
 def test_bucket_comm_time_refuses_the_reference():
@@ -30,6 +34,37 @@ def test_bucket_comm_time_refuses_the_reference():
     result = check_bucket_comm_time(borrowed)
     assert not result and "grader's own answer" in result.failure
     assert not check_bucket_comm_time(per_parameter)
+
+    def from_the_link(sizes, cap, n, alpha, bw):  # right on every case, by the link's own cost model
+        link = Link(alpha, bw)
+        return sum(link.op_time("all_reduce", sum(sizes[i] for i in b), n) for b in assign_buckets(sizes, cap))
+
+    assert from_the_link([4096] * 3, 8192, 2, 1e-5, 1e9) == bucket_comm_time([4096] * 3, 8192, 2, 1e-5, 1e9)
+    result = check_bucket_comm_time(from_the_link)
+    assert not result and "op_time" in result.failure
+
+
+def test_bucket_prediction():
+    mib, n, alpha, bw = 2**20, 8, 1e-5, 25e9
+    ring = lambda nbytes: 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bw  # noqa: E731
+    right = {  # 4 buckets of 25 parameters; at 0.1 MiB every 1 MiB parameter gets a bucket of its own
+        "buckets at 25 MiB": 4,
+        "seconds at 25 MiB": 4 * ring(25 * mib),
+        "buckets at 0.1 MiB": 100,
+        "seconds at 0.1 MiB": 100 * ring(mib),
+    }
+    assert check_bucket_prediction(right)
+    assert check_bucket_prediction({**right, "seconds at 0.1 MiB": 1.01 * right["seconds at 0.1 MiB"]})  # rounded
+    # the plausible wrong value: 100 MiB / 0.1 MiB = 1,000 buckets, as if parameters were split
+    uncapped = {**right, "buckets at 0.1 MiB": 1000, "seconds at 0.1 MiB": 1000 * ring(0.1 * mib)}
+    result = check_bucket_prediction(uncapped)
+    assert not result and "never splits a parameter" in result.failure
+    # the right count, the seconds computed the wrong way: one latency per step, not per bucket
+    one_latency = {**right, "seconds at 0.1 MiB": ring(100 * mib)}
+    result = check_bucket_prediction(one_latency)
+    assert not result and "seconds at 0.1 MiB" in result.failure
+    result = check_bucket_prediction({**right, "buckets at 25 MiB": None})
+    assert not result and "fill in a number" in result.failure
 
 
 def test_launch_order_refuses_the_reference():
@@ -89,6 +124,27 @@ def test_accumulation():
     assert not result and "parameters after the step" in result.failure
     result = check_accumulation(never_waits)
     assert not result and "in flight" in result.failure
+
+    def concatenated(model, optimizer, micro_batches):  # right parameters and all-reduces, but one big forward
+        optimizer.zero_grad()
+        x, y = (torch.cat(parts) for parts in zip(*micro_batches))
+        nn.functional.mse_loss(model(x), y).backward()
+        model.finish_gradient_sync()
+        optimizer.step()
+
+    def sync_first(model, optimizer, micro_batches):  # one all-reduce per bucket, but during the FIRST backward
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(micro_batches):
+            with nullcontext() if i == 0 else model.no_sync():
+                (nn.functional.mse_loss(model(x), y) / len(micro_batches)).backward()
+            if i == 0:
+                model.finish_gradient_sync()
+        optimizer.step()
+
+    result = check_accumulation(concatenated)
+    assert not result and "forward passes" in result.failure
+    result = check_accumulation(sync_first)  # on one rank its parameters are right: only the order tells
+    assert not result and "before the last micro-batch's forward" in result.failure
     result = check_accumulation(
         lambda model, optimizer, micro_batches: accumulation_step(model, optimizer, micro_batches)
     )

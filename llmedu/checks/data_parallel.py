@@ -9,17 +9,23 @@ check_launch_order(fn)          fn(ready, buckets) -> for each bucket, how many 
 check_exposed_communication(fn) fn(compute, comm) -> seconds the step waits after backward: bucket i's
                                 all-reduce can start once its gradients are computed (compute[0..i]) and
                                 the link is free (one all-reduce at a time)
+check_bucket_prediction(answer) a prediction: buckets and all-reduce seconds per step for 100 parameters of
+                                1 MiB on 8 ranks (alpha 10 us, 25e9 bytes/s) in 25 MiB and in 0.1 MiB buckets
 check_accumulation(fn)          fn(model, optimizer, micro_batches) -> one optimizer step of a ``DDP`` model
                                 over the micro-batches (x, y) with MSE, equal to one step on their concatenation,
-                                with one all-reduce per bucket: ``no_sync`` for all but the last. Run in a group
-                                of one rank (the number of all-reduces does not depend on N), over a ``Link``
-                                whose records count them.
+                                by the method: one forward per micro-batch and none larger (a forward pre-hook
+                                records the rows), and one all-reduce per bucket, all launched after the last
+                                micro-batch's forward (``no_sync`` around every backward but the last). Run in a
+                                group of one rank (the number of all-reduces does not depend on N), over a
+                                ``Link`` whose records count them and say when each was launched.
 
-Every check fails a function that calls the reference answer kept here instead of computing its own.
+Every check of a function fails one that calls the reference answer kept here instead of computing its own;
+``check_bucket_comm_time`` also fails one that borrows ``Link.op_time``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from types import CodeType
@@ -32,7 +38,13 @@ from ..parallel.data_parallel import DDP, assign_buckets
 from ..parallel.link import Link
 from .core import CheckResult, Grader
 
-__all__ = ["check_bucket_comm_time", "check_launch_order", "check_exposed_communication", "check_accumulation"]
+__all__ = [
+    "check_bucket_comm_time",
+    "check_bucket_prediction",
+    "check_launch_order",
+    "check_exposed_communication",
+    "check_accumulation",
+]
 
 
 def bucket_comm_time(sizes: list[int], bucket_bytes: int, world_size: int, alpha: float, bandwidth: float) -> float:
@@ -74,8 +86,9 @@ def _names(code: CodeType) -> set[str]:
     return names
 
 
-def _refuse_reference(g: Grader, fn: Callable, reference: Callable) -> bool:
-    """Fail (and return False) if ``fn`` calls the reference answer of this module by its name."""
+def _refuse_reference(g: Grader, fn: Callable, reference: Callable, borrowed: tuple[str, ...] = ()) -> bool:
+    """Fail (and return False) if ``fn`` calls the reference answer of this module, or a library function
+    that answers the exercise (``borrowed``), by its name."""
     code = getattr(fn, "__code__", None)
     if code is not None and reference.__name__ in _names(code):
         return g.expect(
@@ -83,12 +96,15 @@ def _refuse_reference(g: Grader, fn: Callable, reference: Callable) -> bool:
             False,
             f"your function calls {reference.__name__}, the grader's own answer: compute it yourself",
         )
+    for name in borrowed if code is not None else ():
+        if name in _names(code):
+            return g.expect("the method", False, f"your function calls {name}, which answers the exercise: write it")
     return True
 
 
 def check_bucket_comm_time(fn: Callable) -> CheckResult:
     g = Grader("check_bucket_comm_time")
-    if not _refuse_reference(g, fn, bucket_comm_time):
+    if not _refuse_reference(g, fn, bucket_comm_time, borrowed=("op_time",)):
         return g.result()
     mb = 2**20
     cases = [
@@ -104,6 +120,35 @@ def check_bucket_comm_time(fn: Callable) -> CheckResult:
         g.compare(
             case, g.call(fn, list(sizes), cap, n, alpha, bw), bucket_comm_time(sizes, cap, n, alpha, bw), rtol=1e-6
         )
+    return g.result()
+
+
+PREDICTION_CASE = dict(sizes=[2**20] * 100, world_size=8, alpha=1e-5, bandwidth=25e9)  # 100 MiB in 1 MiB pieces
+
+
+def check_bucket_prediction(answer: dict) -> CheckResult:
+    """``answer`` maps "buckets at 25 MiB", "seconds at 25 MiB", "buckets at 0.1 MiB" and "seconds at 0.1 MiB"
+    to numbers (seconds within 2%). A failure gives a hint, not the answer."""
+    g = Grader("check_bucket_prediction")
+    c = PREDICTION_CASE
+    hints = {
+        "buckets": "assign_buckets never splits a parameter: what does it do with one larger than a bucket?",
+        "seconds": "every bucket pays 2(N-1) latencies, and 2(N-1)/N of its bytes cross each rank's link",
+    }
+    for mib in (25, 0.1):
+        cap = int(mib * 2**20)
+        want = {
+            "buckets": len(assign_buckets(c["sizes"], cap)),
+            "seconds": bucket_comm_time(c["sizes"], cap, c["world_size"], c["alpha"], c["bandwidth"]),
+        }
+        for what in ("buckets", "seconds"):
+            key = f"{what} at {mib:g} MiB"
+            got = answer.get(key) if isinstance(answer, dict) else None
+            if not isinstance(got, (int, float)) or isinstance(got, bool):
+                g.expect(key, False, f"fill in a number for {key!r} (got {got!r})")
+                break
+            close = got == want[what] if what == "buckets" else abs(got - want[what]) <= 0.02 * want[what]
+            g.expect(key, close, f"{got!r} is not it; {hints[what]}")
     return g.result()
 
 
@@ -168,6 +213,37 @@ def _one_rank_group() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
+def _forward_rows(module: nn.Module) -> list[tuple[int, float]]:
+    """Record (rows of the input, time) for every forward of ``module``, however it is called."""
+    forwards: list[tuple[int, float]] = []
+
+    def note(module, args, kwargs) -> None:
+        x = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+        forwards.append((x.shape[0], time.perf_counter()))
+
+    module.register_forward_pre_hook(note, with_kwargs=True)
+    return forwards
+
+
+def _check_method(g: Grader, case: str, forwards: list, records: list[dict], micro: int, rows: int) -> None:
+    """One forward per micro-batch, none larger, and every all-reduce launched after the last forward."""
+    g.compare(f"{case}: forward passes (one per micro-batch)", len(forwards), micro)
+    largest = max((r for r, _ in forwards), default=0)
+    g.expect(
+        f"{case}: the largest forward",
+        largest <= rows,
+        f"a forward of {largest} rows, but a micro-batch has {rows}: run each micro-batch through the model alone "
+        "(that is what bounds the activations' memory)",
+    )
+    sent = [r for r in records if r["op"] == "all_reduce"]
+    g.expect(
+        f"{case}: when the all-reduces were launched",
+        not forwards or all(r["launched"] > forwards[-1][1] for r in sent),
+        "an all-reduce was launched before the last micro-batch's forward: every backward but the last "
+        "belongs inside model.no_sync()",
+    )
+
+
 def check_accumulation(fn: Callable) -> CheckResult:
     g = Grader("check_accumulation")
     if not _refuse_reference(g, fn, accumulation_step):
@@ -177,14 +253,16 @@ def check_accumulation(fn: Callable) -> CheckResult:
         for micro, width, bucket_bytes in [(1, 8, 400), (2, 8, 400), (4, 16, 600), (3, 16, 10**6)]:
             link = Link(0.0, float("inf"))  # no time: its records only count the all-reduces
             model = DDP(_accumulation_model(1, width), bucket_mb=bucket_bytes / 2**20, timed=False, link=link)
+            forwards = _forward_rows(model.module)
             single = _accumulation_model(1, width)
             optims = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, single)]
             data = torch.Generator().manual_seed(micro)
-            case = f"{micro} micro-batches, {len(model.buckets)} bucket(s)"
             for step in range(2):
+                case = f"{micro} micro-batches, {len(model.buckets)} bucket(s), step {step}"
                 x, y = torch.randn(4 * micro, 6, generator=data), torch.randn(4 * micro, 2, generator=data)
                 pieces = list(zip(x.chunk(micro), y.chunk(micro)))  # (4, 6) and (4, 2) each
                 link.records.clear()
+                forwards.clear()
                 g.call(fn, model, optims[0], pieces)
                 if g.failure is not None:
                     return g.result()
@@ -192,20 +270,16 @@ def check_accumulation(fn: Callable) -> CheckResult:
                 nn.functional.mse_loss(single(x), y).backward()
                 optims[1].step()
                 g.expect(
-                    f"{case}, step {step}: pending all-reduces",
+                    f"{case}: pending all-reduces",
                     not model._pending,
                     "an all-reduce was still in flight after your step: call finish_gradient_sync() before the step",
                 )
                 sent = sum(r["op"] == "all_reduce" for r in link.records)
-                g.compare(f"{case}, step {step}: all-reduces sent", sent, len(model.buckets))
+                g.compare(f"{case}: all-reduces sent", sent, len(model.buckets))
+                _check_method(g, case, forwards, link.records, micro, rows=4)
                 got = torch.cat([p.detach().flatten() for p in model.parameters()])
                 want = torch.cat([p.detach().flatten() for p in single.parameters()])
-                g.compare(
-                    f"{case}, step {step}: parameters after the step (one step on all micro-batches)",
-                    got,
-                    want,
-                    atol=1e-6,
-                )
+                g.compare(f"{case}: parameters after the step (one step on all micro-batches)", got, want, atol=1e-6)
     finally:
         dist.destroy_process_group()
     return g.result()
