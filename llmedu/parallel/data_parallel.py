@@ -1,4 +1,4 @@
-"""Data parallelism two ways: a naive parameter server, and DDP from scratch.
+"""Data parallelism two ways: gradients gathered on rank 0 and parameters broadcast back, and DDP from scratch.
 
 Each rank holds a full copy of the model and trains on its own slice of the batch. With the
 loss a mean over the batch, the full-batch gradient is the mean of the ranks' gradients, so
@@ -19,9 +19,9 @@ backward goes on computing the gradients of earlier layers. ``finish_gradient_sy
 for the last all-reduces before ``optimizer.step()``; ``no_sync()`` skips communication for
 gradient accumulation.
 
-Each bucket is one flat buffer, and every ``.grad`` is a view into it (torch's
-``gradient_as_bucket_view=True``): the all-reduce averages the gradients where they are, with no copy
-in or out. When ``zero_grad()`` has set a ``.grad`` to None (its default), autograd hands the hook a
+Each bucket is one flat buffer, and every ``.grad`` is a view into it (what torch's DDP does with
+``gradient_as_bucket_view=True``; its default, False, copies each gradient into the bucket and the average
+back out): the all-reduce averages the gradients where they are, with no copy in or out. When ``zero_grad()`` has set a ``.grad`` to None (its default), autograd hands the hook a
 fresh tensor; the hook copies it into the bucket once and makes ``.grad`` the view again, as torch's
 reducer does. ``zero_grad(set_to_none=False)`` zeroes the views in place, and backward then
 accumulates straight into the buckets: no copy at all.
