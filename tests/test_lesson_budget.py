@@ -18,7 +18,6 @@ NOT_YET_DISTILLED = {
     "03_norms_and_activations",
     "04_attention_variants",
     "05_transformer_from_scratch",
-    "07_mixed_precision",
     "08_accumulation_and_recomputation",
     "09_collectives",
     "10_data_parallel",
