@@ -190,8 +190,9 @@ def check_float_format(fn) -> CheckResult:
                 got = g.call(fn, *args)
             finally:
                 FORMATS.update(saved_formats)
-        if g.failure is not None:  # it raised: say that the tables were switched off
-            g.failure += f" (torch.finfo and FORMATS are switched off while your function runs: {reason})"
+        if g.failure is not None:  # it raised: perhaps it looked a format up
+            if "NotImplementedError" not in g.failure:
+                g.failure += f" (torch.finfo and FORMATS are switched off while your function runs: {reason})"
             break
         if not g.expect(
             f"{name} (exponent_bits={args[0]}, mantissa_bits={args[1]}, ieee={args[2]})",
@@ -324,6 +325,6 @@ def check_adamw_fix(fn) -> CheckResult:
         not library,
         f"your step calls {', '.join(library)}, the ops of adamw_update_ / torch.optim.AdamW: fix the given code instead",
     ):
-        g.cases += inner.cases - 1
+        g.cases = inner.cases - 1  # the inner grader's cases, the last of them recorded by this expect
         g.expect("the values", bool(inner), inner.failure or "")
     return g.result()
