@@ -2,14 +2,18 @@
 and a right value computed the wrong way."""
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from llmedu.checks.zero import (
     _CHOICE_CASES,
+    Job,
+    _unit_bytes,
     check_gradient_shards,
     check_stage_choice,
     check_unit_bytes,
 )
+from llmedu.parallel import launch
 
 
 # -- exercise 1: predict the bytes our ZeRO keeps ---------------------------------------------------
@@ -108,37 +112,109 @@ def test_gradient_shards_fails_right_values_by_all_reduce_or_by_reading_every_ra
     assert not check_gradient_shards(by_reading)
 
 
-# -- exercise 3: choose a stage -------------------------------------------------------------------------
+# -- exercise 3: choose a stage and the micro-batches --------------------------------------------------
 def states(n, w, s):
     return 2 * n / (w if s >= 3 else 1) + 2 * n / (w if s >= 2 else 1) + 12 * n / (w if s >= 1 else 1)
 
 
-def choice(n, unit, gpus, card, act):
-    extra = {0: 0, 1: 0, 2: 2 * unit, 3: 4 * unit}
-    return next((s for s in range(4) if states(n, gpus, s) + act + extra[s] <= card), None)
+def chooser(transients=True, per_micro_batch=True, ring=True, time_per_micro_batch=True, first_that_fits=False):
+    """The right reasoning with all True; each False leaves one term out, ``first_that_fits`` takes the lowest stage."""
+
+    def choose(job: Job):
+        best = None
+        for s in range(4):
+            for g in (g for g in range(1, job.batch + 1) if job.batch % g == 0):
+                extra = {0: 0, 1: 0, 2: 2 * job.largest_unit, 3: 4 * job.largest_unit}[s] if transients else 0
+                if states(job.n_params, job.gpus, s) + extra + job.seq_bytes * job.batch / g > job.card_bytes:
+                    continue  # more micro-batches take less activation memory and more time: the first that fits
+                collectives = {0: 2, 1: 2, 2: g + 1, 3: 3 * g}[s] if per_micro_batch else {0: 2, 1: 2, 2: 2, 3: 3}[s]
+                sent = collectives * job.n_params * ((job.gpus - 1) / job.gpus if ring else 1) * 2
+                t = (g * job.micro_seconds if time_per_micro_batch else 0) + sent / job.bandwidth
+                if first_that_fits:
+                    return (s, g)
+                if best is None or t < best[0]:
+                    best = (t, s, g)
+                break
+        return None if best is None else best[1:]
+
+    return choose
 
 
 def test_stage_choice_passes_the_right_choice():
-    assert check_stage_choice(choice)
+    assert check_stage_choice(chooser())
 
 
 def test_stage_choice_fails_reasoning_that_leaves_a_term_out():
-    no_transients = lambda n, unit, gpus, card, act: next(  # noqa: E731
-        (s for s in range(4) if states(n, gpus, s) + act <= card), None
-    )
-    states_only = lambda n, unit, gpus, card, act: next(  # noqa: E731  (the old lesson's exercise)
-        (s for s in range(4) if states(n, gpus, s) <= card), None
-    )
-    assert not check_stage_choice(no_transients)
-    assert not check_stage_choice(states_only)
-    assert not check_stage_choice(lambda *args: 3)  # "ZeRO-3 always"
+    assert not check_stage_choice(chooser(first_that_fits=True))  # "the lowest stage that fits", its fewest G
+    assert not check_stage_choice(chooser(time_per_micro_batch=False))  # the fewest bytes: stage 1 whenever it fits
+    assert not check_stage_choice(chooser(per_micro_batch=False))  # stage 2 as 2Ψ, stage 3 as 3Ψ, whatever G
+    assert not check_stage_choice(chooser(transients=False))  # no gradient bucket, no gathered layer
+    assert not check_stage_choice(chooser(ring=False))  # Ψ instead of Ψ(N-1)/N per collective
+    assert not check_stage_choice(lambda job: (3, job.batch))  # "ZeRO-3 and the smallest micro-batches"
+
+
+def test_stage_choice_fails_the_right_stage_with_the_wrong_micro_batches():
+    """The right stage, with G from another stage's reasoning (the most micro-batches): the step is slower."""
+    right = chooser()
+    assert not check_stage_choice(lambda job: None if right(job) is None else (right(job)[0], job.batch))
 
 
 def test_stage_choice_fails_a_table_of_the_fixed_answers():
-    """The right answers to the fixed scenarios, looked up: the random clusters of each call fail it."""
-    table = {case: choice(*case) for case in _CHOICE_CASES}
-    assert not check_stage_choice(lambda *case: table.get(case, 0))
+    """The right answers to the fixed jobs, looked up: the random jobs of each call fail it."""
+    table = {case: chooser()(case) for case in _CHOICE_CASES}
+    assert not check_stage_choice(lambda job: table.get(job, (1, 1)))
 
 
-def test_the_fixed_scenarios_each_need_one_term():
-    assert [choice(*case) for case in _CHOICE_CASES] == [0, 1, 2, 3, None]
+def test_each_wrong_reasoning_fails_a_fixed_job():
+    """The fixed jobs alone (not the random ones) catch every reasoning above, and cover stages 1, 2, 3 and None."""
+    import llmedu.checks.zero as grader
+
+    answers = [chooser()(job) for job in _CHOICE_CASES]
+    assert {a and a[0] for a in answers} == {1, 2, 3, None}
+    wrong = [chooser(first_that_fits=True), chooser(time_per_micro_batch=False), chooser(per_micro_batch=False),
+             chooser(transients=False), chooser(ring=False)]  # fmt: skip
+    for fn in wrong:
+        assert any(
+            fn(job) != right and (fn(job) is None or right is None or not grader._fits(job, *fn(job))
+                                  or grader._step_seconds(job, *fn(job)) > grader._best_time(job) * (1 + 1e-9))
+            for job, right in zip(_CHOICE_CASES, answers)
+        )  # fmt: skip
+
+
+# -- the reference of exercise 1 is what the real wrapper keeps -----------------------------------------
+def _real_bytes_worker():
+    from llmedu.parallel.zero import ZeRO
+    from llmedu.parallel.zero_study import Tiny
+
+    def nbytes(tensors):  # each storage once: in fp32 the master shard is a slice of the full copy
+        seen = {}
+        for t in tensors:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(seen.values())
+
+    out = []
+    for stage in (1, 2, 3):
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            zero = ZeRO(Tiny(width=6, depth=3), stage, compute_dtype=dtype, lr=1e-3)
+            x = torch.randn(4, 5, dtype=dtype)
+            for _ in range(2):  # the second backward: AdamW's moments exist, the gradients too
+                zero(x).float().pow(2).mean().backward()
+                if _ == 0:
+                    zero.step(), zero.zero_grad()
+            grads = [u.flat.grad for u in zero.units] if stage == 1 else [u.shard.grad for u in zero.units]
+            moments = [v for s in zero.optimizer.state.values() for k, v in s.items() if k.startswith("exp_avg")]
+            held = {
+                "parameters": nbytes([u.shard for u in zero.units] + [u.flat for u in zero.units if stage < 3]),
+                "gradients": nbytes(grads),
+                "optimizer": nbytes(moments),
+            }
+            sizes = [u.numel for u in zero.units]
+            out.append((stage, dtype.itemsize, held, _unit_bytes(sizes, dist.get_world_size(), stage, dtype.itemsize)))
+    return out
+
+
+def test_the_unit_bytes_reference_counts_what_our_zero_holds():
+    for world in (2, 3):
+        for stage, compute_bytes, held, reference in launch(_real_bytes_worker, world, echo=False, timeout=120)[0]:
+            assert held == reference, (world, stage, compute_bytes, held, reference)

@@ -215,6 +215,20 @@ def _memory_and_errors_worker():
         zero(torch.randn(2, 5))
     except RuntimeError as err:
         errors["changed"] = str(err)
+    for stage in (2, 3):  # the gradient shards are made by backward: none exists before it
+        try:
+            ZeRO(Tiny(), stage, lr=LR).step()
+        except RuntimeError as err:
+            errors[f"step first {stage}"] = str(err)
+    # buffers live only while their stage needs them
+    out["lifetimes"] = {}
+    for stage in (1, 2, 3):
+        zero = ZeRO(Tiny(), stage, lr=LR)
+        nn.functional.mse_loss(zero(x), y).backward()
+        zero.step()  # stage 1: the full gradient is freed once reduce-scattered, before AdamW runs
+        full_grads = [u.flat.grad for u in zero.units] if stage == 1 else []
+        zero.zero_grad()  # stages 2 and 3: no gradient shard is kept between steps
+        out["lifetimes"][stage] = (full_grads, [u.shard.grad for u in zero.units])
     zero = ZeRO(Tiny(), 3, lr=LR)
     zero.module.out.weight = nn.Parameter(torch.zeros(3, 7))
     try:
@@ -240,6 +254,10 @@ def test_memory_matches_the_formulas_mixed_precision_and_errors(world):
         assert "nothing to train: every parameter of the module is frozen" in errors["frozen"]
         assert "changed in place outside ZeRO" in errors["changed"]
         assert "replaced by a new parameter outside ZeRO" in errors["replaced"]
+        for stage in (2, 3):
+            assert "step() before any backward()" in errors[f"step first {stage}"]
+        for stage, (full_grads, shard_grads) in out["lifetimes"].items():
+            assert all(g is None for g in full_grads + shard_grads), (stage, full_grads, shard_grads)
 
 
 # -- frozen parameters (LoRA), tied parameters (GPT-2), our AdamW ------------------------------------

@@ -2,8 +2,9 @@
 
 check_zero_bytes(fn)   fn(n_params, world_size, stage) -> bytes of model states on one rank,
                        mixed precision with Adam (K = 12), ZeRO stage 0 (plain data parallel) to 3;
-                       a sharded part may be Ψ/N (the paper's formula) or ceil(Ψ/N) elements (padded to N
-                       equal shards, as DeepSpeed and FSDP do): both are accepted
+                       a sharded part may be Ψ/N (the paper's formula) or ceil(Ψ/N) elements (a flat buffer
+                       padded to N equal shards, as DeepSpeed and FSDP1 do): both are accepted; an answer
+                       that calls ``llmedu.memory.estimate.zero_bytes_per_rank`` while it runs fails
 check_attention_crossover(fn)
                        fn(hidden, n_heads, bytes_per_value, dropout) -> the sequence length s at which the
                        attention term of Korthikanti et al.'s activation count (the one in a·s²·b) equals
@@ -11,6 +12,8 @@ check_attention_crossover(fn)
 """
 
 from __future__ import annotations
+
+import sys
 
 from llmedu.checks.core import CheckResult, Grader
 from llmedu.memory.estimate import activation_bytes_per_layer, zero_bytes_per_rank
@@ -36,13 +39,39 @@ def check_zero_bytes(fn) -> CheckResult:
             whole = zero_bytes_per_rank(n_params, 1, 0)  # replicated parts: Ψ each
             sharded = {"optimizer": stage >= 1, "gradients": stage >= 2, "parameters": stage >= 3}
             with_padding = sum(shards[k] if sharded[k] else whole[k] for k in whole)
-            got = g.call(fn, n_params, world_size, stage)
             where = f"Ψ={n_params:,} parameters on N={world_size} ranks, stage {stage}"
+            got = _without(zero_bytes_per_rank, g, fn, n_params, world_size, stage)
+            g.expect(
+                where,
+                got is not _ASKED,
+                "your function called llmedu.memory.estimate.zero_bytes_per_rank, the grader's own answer: "
+                "count the bytes from the formulas yourself",
+            )
             if isinstance(got, (int, float)) and abs(got - with_padding) <= 1e-9 * with_padding:
                 g.expect(where, True)  # the padded count, as DeepSpeed keeps it
             else:
                 g.compare(where, got, formula, rtol=1e-9)
     return g.result()
+
+
+_ASKED = object()  # what _without returns when the answer called the reference
+
+
+def _without(reference, g: Grader, fn, *args):
+    """``g.call(fn, *args)``, or ``_ASKED`` if ``fn`` called ``reference`` while it ran (however it was imported)."""
+    called = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code is reference.__code__:
+            called.append(True)
+
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        got = g.call(fn, *args)
+    finally:
+        sys.setprofile(previous)
+    return _ASKED if called else got
 
 
 # (h, a, bytes per value, dropout): GPT-3 175B and Llama-7B shapes in the paper's 16-bit setting, and two

@@ -65,11 +65,13 @@ class ZeROOffload(ZeRO2):
         return {"to host": 4 * shards, "to device": self.dtype.itemsize * shards}
 
     def placement(self) -> dict[str, dict[str, int]]:
-        """Bytes of persistent model state on each side: {"device": {...}, "host": {...}}.
+        """Bytes of model state on each side during a step: {"device": {...}, "host": {...}}.
 
-        Counted from the tensors themselves (each storage once), not from a formula. Device
-        gradients exist only transiently, one unit at a time, during backward: they are not here.
-        Frozen parameters (LoRA's base weights) are device parameters, whole in the compute dtype.
+        Counted from the tensors themselves (each storage once), not from a formula, except the host's
+        fp32 gradient shards: they exist from the first backward after ``zero_grad()`` to the step, so
+        between steps they are counted from their size (4 bytes x S per unit). Device gradients exist
+        only transiently, one unit at a time, during backward: they are not here. Frozen parameters
+        (LoRA's base weights) are device parameters, whole in the compute dtype.
         """
         seen: set[int] = set()
 
@@ -87,7 +89,9 @@ class ZeROOffload(ZeRO2):
             "device": {"parameters": nbytes([*(u.flat for u in self.units), *self.frozen])},  # frozen: whole
             "host": {
                 "master weights": nbytes(u.shard for u in self.units),
-                "gradients": nbytes(u.shard.grad for u in self.units),
+                "gradients": sum(
+                    4 * u.shard_size if u.shard.grad is None else nbytes([u.shard.grad]) for u in self.units
+                ),
                 "optimizer": nbytes(state),
             },
         }

@@ -6,19 +6,23 @@ Data parallelism keeps a full copy of the model states on every one of N ranks: 
 rank's *shard*, 1/N of every flat buffer, and removes the redundancy one kind of state at a time:
 
     stage 1  optimizer state sharded: each rank updates its shard, then all-gathers parameters
-             per-rank bytes 4Ψ + KΨ/N               (§5.2, P_os)
+             per-rank bytes 4Ψ + KΨ/N               (§5.1, P_os)
     stage 2  + gradients reduce-scattered during backward: each rank keeps only its shard
-             per-rank bytes 2Ψ + (2 + K)Ψ/N         (P_os+g)
+             per-rank bytes 2Ψ + (2 + K)Ψ/N         (§5.2, P_os+g)
     stage 3  + parameters sharded: a unit's full parameters are all-gathered just before its
              forward and again in its backward, and freed right after
-             per-rank bytes (2 + 2 + K)Ψ/N          (P_os+g+p)
+             per-rank bytes (2 + 2 + K)Ψ/N          (§5.3, P_os+g+p)
 
 Each stage is one small class below; they share the flat shard of each unit (``zero_shard.py``:
 flatten, pad to N·S, rank r owns [r·S, (r+1)·S)) and the bookkeeping of units, frozen and tied
 parameters and the clipped step (``zero_common.py``); the guards are in ``zero_checks.py``. Mixed
 precision (``compute_dtype=torch.bfloat16``): fp32 master shards, bf16 parameters and gradients in
 forward and backward, gradients reduced in fp32. Gradient accumulation: call backward several
-times, then ``step()``.
+times, then ``step()``; stage 1 accumulates the full gradient and reduce-scatters it once, in the step,
+while stages 2 and 3 reduce-scatter in every backward (G micro-batches send G reduce-scatters), as
+DeepSpeed's stage 2 does. A buffer lives only as long as its stage needs it: stage 1 frees the full
+gradient once it is reduce-scattered, before the optimizer runs; the gradient shards of stages 2 and 3
+are made by the first backward after a ``zero_grad()`` and dropped by it.
 
 Left out: overlapping the reduce-scatter with backward compute in buckets (DeepSpeed's IPG buckets;
 we reduce one unit at a time, synchronously), per-parameter-group hyperparameters, sharding frozen
@@ -60,6 +64,7 @@ class ZeRO1(ZeROBase):
         check_ready_to_step(self.units, self.stage)
         for unit in self.units:  # a rank needs the average gradient of its own shard only
             unit.shard.grad = unit.reduce_scatter(unit.flat.grad)  # (N·S,) -> (S,)
+            unit.flat.grad = None  # the full gradient is done with: free it before AdamW's temporaries exist
         norm = self.clip_and_step()
         for unit in self.units:  # everyone sends its updated shard and receives the others'
             unit.all_gather(unit.shard, out=unit.flat.data)  # (S,) -> (N·S,)
@@ -72,9 +77,13 @@ class ZeRO1(ZeROBase):
 
 
 class ReduceScatterGrad(torch.autograd.Function):
-    """Forward: the unit's full parameters ``unit.flat``, as they are. Backward: their gradient, which
-    is complete once every use of the unit's parameters has run its backward, reduce-scattered into
-    this rank's shard (autograd adds it to ``shard.grad``). Stages 2 and 3."""
+    """``flat = all_gather(shard)``, as autograd sees it: the full parameters as a function of this rank's shard.
+
+    Forward returns ``unit.flat``, which the stage has already gathered (stage 3) or keeps (stage 2), so
+    nothing is sent. Backward is the transpose of an all-gather, a reduce-scatter: the gradient of ``flat``,
+    complete once every use of the unit's parameters has run its backward, becomes the average gradient of
+    this rank's shard, which autograd adds to ``shard.grad`` (creating it on the first backward after
+    ``zero_grad()``). Stages 2 and 3."""
 
     @staticmethod
     def forward(ctx, shard: torch.Tensor, unit: FlatShard) -> torch.Tensor:
@@ -96,8 +105,7 @@ class ZeRO2(ZeROBase):
 
     def setup(self, unit: FlatShard, flat32: torch.Tensor) -> None:
         unit.flat = nn.Parameter(flat32.to(self.dtype), requires_grad=False)  # (N·S,) full parameters, no .grad
-        unit.shard = self.master_shard(unit, flat32)  # (S,) fp32 master weights
-        unit.shard.grad = torch.zeros_like(unit.shard)  # (S,) what each backward's reduce-scatter adds into
+        unit.shard = self.master_shard(unit, flat32)  # (S,) fp32 master weights; .grad made by the first backward
 
     def unit_forward(self, unit: FlatShard, forward, *args, **kwargs):
         check_untouched(unit)
@@ -119,7 +127,7 @@ class ZeRO2(ZeROBase):
 
     def zero_grad(self) -> None:
         for unit in self.units:
-            unit.shard.grad.zero_()  # a persistent (S,) buffer: accumulation adds into it
+            unit.shard.grad = None  # no (S,) buffer between steps: the next backward's reduce-scatter makes it
 
 
 class ZeRO3(ZeROBase):
@@ -142,7 +150,6 @@ class ZeRO3(ZeROBase):
 
     def setup(self, unit: FlatShard, flat32: torch.Tensor) -> None:
         unit.shard = self.master_shard(unit, flat32)  # (S,) fp32: all this rank keeps of the unit
-        unit.shard.grad = torch.zeros_like(unit.shard)
 
     def unit_forward(self, unit: FlatShard, forward, *args, **kwargs):
         check_untouched(unit)
@@ -210,7 +217,7 @@ class ZeRO3(ZeROBase):
 
     def zero_grad(self) -> None:
         for unit in self.units:
-            unit.shard.grad.zero_()
+            unit.shard.grad = None
 
 
 STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3}

@@ -91,5 +91,9 @@ def check_ready_to_step(units: list[FlatShard], stage: int) -> None:
     for unit in units:
         if _versions(unit) != unit.version:
             raise RuntimeError("parameters were changed in place outside ZeRO since its last step")
-        if stage == 1 and unit.flat.grad is None:
-            raise RuntimeError("step() before any backward(): there is no gradient to apply")
+        grad = unit.flat.grad if stage == 1 else unit.shard.grad  # stage 1: the full one; 2 and 3: the shard
+        if grad is None:
+            raise RuntimeError(
+                "step() before any backward() since the last step (or a unit's parameters were not used in it): "
+                "there is no gradient to apply; call backward() on a loss that uses every unit, then step()"
+            )
