@@ -15,7 +15,6 @@ NOT_YET_DISTILLED = {
     "00_hardware",
     "01_tokenizers",
     "02_position_encodings",
-    "03_norms_and_activations",
     "04_attention_variants",
     "05_transformer_from_scratch",
     "08_accumulation_and_recomputation",
