@@ -21,7 +21,6 @@ NOT_YET_DISTILLED = {
     "09_collectives",
     "10_data_parallel",
     "12_pipeline_parallel",
-    "14_zero_and_offload",
     "15_flash_attention",
     "17_peft",
     "18_long_sequences",
