@@ -1,8 +1,10 @@
-"""Graders of lessons 13 (the mesh) and 13b (the planner): each passes a right answer, and fails a plausible
+"""Graders of lessons 13 (the mesh) and 14b (the planner): each passes a right answer, and fails a plausible
 wrong value and a right value reached the wrong way (a rule that holds only on the lesson's own example, or
 asking the planner)."""
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from llmedu.checks.planner import (
     check_pick_40gb,
     check_states_gib,
     cluster_40gb,
+    draw_scenarios,
 )
 from llmedu.planner.memory import Batch, Layout, memory_per_rank
 from llmedu.planner.search import MODELS, evaluate, plan
@@ -107,7 +110,7 @@ def test_rank_order_grader():
     assert not check_rank_order(lambda traffic, sizes, gpn: ("tp", "dp"))  # not an order of all three
 
 
-# -- lesson 13b ---------------------------------------------------------------------------------------------
+# -- lesson 14b ---------------------------------------------------------------------------------------------
 
 
 def ring_on_cluster(nbytes, p, stride, gpn, intra, inter):
@@ -155,8 +158,9 @@ def states(cfg, layout):
     layer = d * (d + 2 * kv) + d * d + b * (3 * d + 2 * kv) + (3 if gated else 2) * d * cfg.d_ff
     layer += b * ((2 if gated else 1) * cfg.d_ff + d) + 2 * d * (1 + b)
     embedding = cfg.vocab_size * d + (cfg.max_seq_len * d if cfg.position == "learned" else 0)
-    head = cfg.vocab_size * d + d * (1 + b)  # a tied head is a copy on the last stage
-    ends = embedding + head if layout.pp == 1 else max(embedding, head)
+    head = cfg.vocab_size * d + d * (1 + b)  # a tied head is a copy on the last stage ...
+    tied_once = cfg.vocab_size * d if cfg.tie_embeddings else 0  # ... and one matrix when there is one stage
+    ends = embedding + head - tied_once if layout.pp == 1 else max(embedding, head)
     held = (-(-cfg.n_layers // layout.pp) * layer + ends) / layout.tp
     shard = lambda stage: layout.dp if layout.zero >= stage else 1  # noqa: E731
     return held * (2 / shard(3) + 2 / shard(2) + 12 / shard(1)) / 2**30
@@ -170,6 +174,15 @@ def test_states_grader():
     assert not check_states_gib(
         lambda cfg, lay: states(cfg, lay) if lay.zero != 1 else states(cfg, Layout(lay.dp, lay.tp, lay.pp, zero=3))
     )
+
+    # plausible wrong value: a tied matrix counted twice on a single stage
+    def tied_twice(cfg, lay):
+        extra = cfg.vocab_size * cfg.d_model / lay.tp if cfg.tie_embeddings and lay.pp == 1 else 0
+        shard = lambda stage: lay.dp if lay.zero >= stage else 1  # noqa: E731
+        return states(cfg, lay) + extra * (2 / shard(3) + 2 / shard(2) + 12 / shard(1)) / 2**30
+
+    result = check_states_gib(tied_twice)
+    assert not result and "layer model of width 2048" in result.failure
     # the right value the wrong way: read off the planner's own memory model
     result = check_states_gib(
         lambda cfg, lay: (
@@ -180,36 +193,42 @@ def test_states_grader():
     assert not result and "called llmedu.planner" in result.failure
 
 
-@pytest.mark.slow
-def test_pick_40gb_grader():
-    picks = {}
-    for name, (model, nodes, sequences, seq_len, inter) in SCENARIOS_40GB.items():
-        c, batch = cluster_40gb(nodes, inter), Batch(sequences, seq_len)
-        best = plan(model, c, batch, top=1, where=lambda lay: lay.cp == 1)[0]
-        picks[name] = (best.layout, best.memory_total / 2**30)  # computed here, outside the learner's function
-    assert check_pick_40gb(picks.get)
-    assert check_pick_40gb(lambda name: (Layout(**vars(picks[name][0])), picks[name][1]))  # built inside: allowed
-    # plausible wrong value: the best layout for the 80 GB GPUs, which the presets describe
-    on_80gb = {}
-    for name, (model, nodes, sequences, seq_len, inter) in SCENARIOS_40GB.items():
-        c = cluster_40gb(nodes, inter)
-        from dataclasses import replace
+def _best(cfg, nodes, batch, link, memory=40e9):
+    c = cluster_40gb(nodes, link)
+    c = replace(c, accelerator=replace(c.accelerator, memory_bytes=memory))
+    best = plan(cfg, c, batch, top=1, where=lambda lay: lay.cp == 1)[0]
+    return best.layout, evaluate(cfg, best.layout, cluster_40gb(nodes, link), batch).memory_total / 2**30
 
-        c80 = replace(c, accelerator=replace(c.accelerator, memory_bytes=80e9))
-        lay = plan(model, c80, Batch(sequences, seq_len), top=1, where=lambda lay: lay.cp == 1)[0].layout
-        on_80gb[name] = (lay, evaluate(MODELS[model], lay, c80, Batch(sequences, seq_len)).memory_total / 2**30)
-    assert not check_pick_40gb(on_80gb.get)
-    # a good layout with a memory guess that is the states alone (no activations)
-    assert not check_pick_40gb(lambda name: (picks[name][0], 0.5 * picks[name][1]))
+
+@pytest.mark.slow
+def test_pick_40gb_grader(monkeypatch):
+    import llmedu.checks.planner as graders
+
+    # the scenarios are drawn at check time, none of the printed ones, each with a layout that fits
+    drawn = draw_scenarios(3, seed=1)
+    assert len(set(drawn)) == 3 and not set(drawn) & set(SCENARIOS_40GB.values())
+    assert draw_scenarios(3, seed=1) == drawn and draw_scenarios(3, seed=2) != drawn
+
+    # a lookup table of the lesson's examples, worked out with the planner outside the function, is not a rule
+    table = {}
+    for model, nodes, sequences, seq_len, link in SCENARIOS_40GB.values():
+        table[MODELS[model].d_model, nodes, Batch(sequences, seq_len), link] = _best(
+            MODELS[model], nodes, Batch(sequences, seq_len), link
+        )
+    result = check_pick_40gb(lambda cfg, nodes, batch, link: table.get((cfg.d_model, nodes, batch, link)), seed=1)
+    assert not result and "(Layout, GiB)" in result.failure
 
     # the right layout the wrong way: the planner, told the 40 GB, called inside the function
-    def ask(name):
-        model, nodes, sequences, seq_len, inter = SCENARIOS_40GB[name]
-        p = plan(model, cluster_40gb(nodes, inter), Batch(sequences, seq_len), top=1, where=lambda lay: lay.cp == 1)[0]
-        return p.layout, p.memory_total / 2**30
-
-    result = check_pick_40gb(ask)
+    result = check_pick_40gb(_best, seed=1)
     assert not result and "called llmedu.planner" in result.failure
+
+    # with the planner's calls not watched, that function stands for a right rule and passes
+    monkeypatch.setattr(graders, "PLANNER", Path("/nowhere"))
+    assert check_pick_40gb(_best, seed=1)
+    # plausible wrong value: the best layout for the 80 GB GPUs, which the presets describe
+    assert not check_pick_40gb(lambda *args: _best(*args, memory=80e9), seed=1)
+    # a good layout with a memory guess of half the model's count (the states alone, say)
+    assert not check_pick_40gb(lambda *args: (_best(*args)[0], 0.5 * _best(*args)[1]), seed=1)
 
 
 # -- what lesson 13's float64 check needs of the library ------------------------------------------------------

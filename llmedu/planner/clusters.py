@@ -191,7 +191,7 @@ PCIE5 = Link("PCIe 5.0 x16", 50 * GB, 5 * US, "PCIe 5.0 x16: 64 GB/s raw, ~50 GB
 _LATENCY_NOTE = "latencies are assumed orders of magnitude of NCCL's small-message times, not measurements"
 _EFFICIENCY = (
     0.6,
-    "assumed: large bf16 GEMMs sustain ~60% of peak; Narayanan et al. 2021 (Table 1) report 44-52% of peak end to end",
+    "assumed: large bf16 GEMMs sustain ~60% of peak; Narayanan et al. 2021 (Table 1) report 43-52% of peak end to end",
 )
 
 

@@ -25,6 +25,7 @@ Sources and conventions:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..models.config import TransformerConfig
@@ -127,12 +128,15 @@ class Comparison:
         )
 
 
-def compare(runs: tuple[Run, ...] = RUNS, *, margin: float = 0.1) -> list[Comparison]:
-    """Each run's layout through the cost model, beside the planner's own choice on its cluster."""
+def compare(
+    runs: tuple[Run, ...] = RUNS, *, margin: float = 0.1, where: Callable[[Layout], bool] | None = None
+) -> list[Comparison]:
+    """Each run's layout through the cost model, beside the planner's own choice on its cluster (among the
+    layouts ``where`` accepts, as in ``plan``; e.g. ``where=lambda lay: lay.cp == 1``)."""
     out = []
     for run in runs:
         c, cfg = run.cluster(), run.model
         published = evaluate(cfg, run.layout, c, run.batch, margin=margin, flash=run.flash)
-        chosen = plan(cfg, c, run.batch, top=1, margin=margin, flash=run.flash)[0]
+        chosen = plan(cfg, c, run.batch, top=1, margin=margin, flash=run.flash, where=where)[0]
         out.append(Comparison(run, published, chosen))
     return out

@@ -1,9 +1,9 @@
 """Which parallelism when, computed: enumerate the layouts of a cluster, keep those that fit, rank the rest.
 
-Seed lecture 002 ends with a table of rules (one GPU: train normally, offload if it does not fit; one
-node: DDP, or ZeRO/TP/PP when the model does not fit; many nodes: ZeRO or 3D with fast links...), and
-seed 003 asks for tools that choose the combination for us, because the space grows combinatorially.
-``plan`` is that tool at course scale:
+Hugging Face Transformers' guide "Efficient Training on Multiple GPUs" ends with "Which Strategy To Use
+When" (one GPU: train normally, offload if it does not fit; one node: DDP, or ZeRO/TP/PP when the model does
+not fit; many nodes: ZeRO or 3D with fast links...); the combinations grow combinatorially, so ``plan``
+computes the choice, at course scale:
 
 1. enumerate every ``Layout``: dp x tp x pp x cp = the cluster's ranks (tp dividing the heads, pp at
    most the layers, cp the sequence in 2 cp zig-zag chunks, ep the experts), ZeRO stage 0-3, recomputation
