@@ -19,7 +19,6 @@ NOT_YET_DISTILLED = {
     "05_transformer_from_scratch",
     "08_accumulation_and_recomputation",
     "09_collectives",
-    "10_data_parallel",
     "12_pipeline_parallel",
     "15_flash_attention",
     "17_peft",
