@@ -2,8 +2,9 @@
 
 The parameters of a unit (a layer, say) are concatenated into one flat buffer of Ψ_u elements and
 padded with zeros to N·S, S = ceil(Ψ_u / N), so that any sizes split evenly; rank r owns elements
-[r·S, (r+1)·S) of it (DeepSpeed's partitions and FSDP1's ``FlatParameter`` pad the same way; FSDP2's
-``fully_shard`` instead chunks each parameter on its dim 0, padding that dim to a multiple of N; and
+[r·S, (r+1)·S) of it (DeepSpeed's stages 1 and 2 and FSDP1's ``FlatParameter`` pad the same way;
+DeepSpeed's stage 3 instead partitions each parameter on its own, ceil(numel / N) elements per rank;
+FSDP2's ``fully_shard`` chunks each parameter on its dim 0, padding that dim to a multiple of N; and
 ``ZeroRedundancyOptimizer`` does not split tensors at all: it gives each rank whole parameters)::
 
     flat   (N·S,)  | rank 0's shard | rank 1's shard | ... | rank N-1's shard, ending in the padding |
