@@ -13,7 +13,8 @@ from llmedu.checks.precision import (
     check_fp8_underflow,
     check_skipped_steps,
 )
-from llmedu.optim import AdamW8bit, adamw_update_, state_bytes
+from llmedu.optim import AdamW8bit, adamw_update_, quantize_blockwise, state_bytes
+from llmedu.optim.quantization_map import dynamic_map
 from llmedu.train.fp8 import FORMATS, cast_to_fp8
 
 SIGNIFICANT = {torch.bfloat16: 8, torch.float16: 11}
@@ -47,6 +48,17 @@ def test_additions_to_stall():
     assert not wrong and "value=0.01, dtype=bf16" in wrong.failure  # 400, stall / v
     wrong_way = check_additions_to_stall(additions_by_running_the_sum)
     assert not wrong_way and "adds tensors" in wrong_way.failure
+    rounded_by_torch = check_additions_to_stall(additions_by_rounding_each_sum)
+    assert not rounded_by_torch and "torch calls" in rounded_by_torch.failure
+
+
+def additions_by_rounding_each_sum(value, dtype):
+    """The running sum in disguise: Python adds, torch rounds every partial sum to the dtype."""
+    v = torch.tensor(value, dtype=dtype).item()
+    s, n = 0.0, 0
+    while (new := torch.tensor(s + v, dtype=dtype).item()) != s:
+        s, n = new, n + 1
+    return n
 
 
 # -- lesson 07, exercise 2: the range of a format from its bits --------------------------------------
@@ -186,8 +198,18 @@ def adamw_by_torch(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps
 
 def test_adamw_fix():
     assert check_adamw_fix(adamw_step)
-    buggy = lambda *args: adamw_step(*args, bias2_beta=args[6])  # the lesson's code: beta1 in v's correction
+    buggy = lambda *args: adamw_step(*args, bias2_beta=args[6])  # beta1 in v's correction
     assert not check_adamw_fix(buggy)
+    assert not check_adamw_fix(adam_with_l2)  # the lesson's code: decay added to the gradient
+
+
+def adam_with_l2(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    """The lesson's planted bug: coupled L2 decay, g += wd * p, which then passes through m and v."""
+    grad = grad + weight_decay * param
+    return adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, 0.0)
+
+
+def test_adamw_fix_lists_the_wrong_ways():
     for wrong_way in (adamw_by_library, adamw_by_torch):
         result = check_adamw_fix(wrong_way)
         assert not result and "fix the given code instead" in result.failure
@@ -214,3 +236,13 @@ def test_adam8bit_state_bytes():
     assert not check_adam8bit_state_bytes(lambda n, b, t: 2 * n + 4)  # the absmax forgotten
     wrong_way = check_adam8bit_state_bytes(state_bytes_measured)
     assert not wrong_way and "building an AdamW8bit measures them" in wrong_way.failure
+    by_quantizing = check_adam8bit_state_bytes(state_bytes_by_quantizing)
+    assert not by_quantizing and "quantize_blockwise" in by_quantizing.failure
+
+
+def state_bytes_by_quantizing(numel, block_size, min_8bit_size):
+    """The right bytes by quantizing a tensor of that size and adding up what comes back."""
+    if numel < min_8bit_size:
+        return 8 * numel + 4
+    codes, absmax = quantize_blockwise(torch.zeros(numel), dynamic_map(), block_size)
+    return 2 * (codes.numel() + 4 * absmax.numel()) + 4

@@ -212,6 +212,12 @@ def test_fp8_training_tracks_fp32():
     assert max(abs(a - b) for a, b in zip(curves["bf16"], curves["fp32"])) < 0.03
     counts = result["fp8_counts"]
     assert counts["grad"]["underflows"] > 0  # step 0 casts dy with scale 1: most of it is below 2**-17
+    per_step = result["fp8_steps"]  # the per-step counts add up to the totals, step 0 first
+    assert len(per_step) == 10 and per_step[0]["grad"]["underflows"] > 0
+    for kind in counts:
+        for k in counts[kind]:
+            assert sum(step[kind][k] for step in per_step) == counts[kind][k]
+    assert all(len(result["grad_norms"][name]) == 10 for name in curves)
 
 
 # -- faults: resuming, empty batches ----------------------------------------------------------------------

@@ -7,7 +7,8 @@ check_additions_to_stall(fn)    fn(value, dtype) -> how many additions of dtype(
 check_float_format(fn)          fn(exponent_bits, mantissa_bits, ieee) -> (max, min_normal, min_subnormal)
                                 of a binary float format: fp32, TF32, bf16, fp16, fp8 E5M2 and E4M3
 check_adam8bit_state_bytes(fn)  fn(numel, block_size, min_8bit_size) -> bytes of ``AdamW8bit``'s state
-                                for one parameter tensor after its first step, as ``state_bytes`` counts them
+                                for one parameter tensor after its first step, as ``state_bytes`` counts
+                                them, counted in Python (no torch call, no quantize_blockwise)
 check_skipped_steps(fn)         fn(init_scale, growth_interval, overflow_scale, n_steps) -> how many steps a
                                 dynamic loss scaler skips when every scale >= overflow_scale overflows
 check_fp8_underflow(fn)         fn(std, fmt, scale) -> the share of N(0, std^2) values that fp8(x * scale)
@@ -129,6 +130,9 @@ def _measured_additions_to_stall(value: float, dtype: torch.dtype, limit: int = 
     raise RuntimeError(f"the sum of {value} in {dtype} did not stall within {limit:,} additions")
 
 
+MAX_TORCH_OPS_PER_CALL = 4  # torch.tensor(value, dtype).item() is 2; a loop through torch is hundreds
+
+
 def check_additions_to_stall(fn) -> CheckResult:
     """Grade ``fn(value, dtype)`` against the count of a real running sum (bf16 and fp16 accumulators)."""
     g = Grader("check_additions_to_stall")
@@ -143,6 +147,7 @@ def check_additions_to_stall(fn) -> CheckResult:
     ops: list[str] = []
     for value, dtype in cases:
         expected = _measured_additions_to_stall(value, dtype)
+        before = len(ops)
         got = g.call(_recorded(fn, ops), value, dtype)
         summed = sorted({op for op in ops if "add" in op or "sum" in op})
         if not g.expect(
@@ -150,6 +155,15 @@ def check_additions_to_stall(fn) -> CheckResult:
             not summed,
             f"your function adds tensors ({', '.join(summed)}): that runs the sum instead of predicting it. "
             "Reason with the grid in Python floats: torch only to round the value, torch.tensor(value, dtype).item()",
+        ):
+            break
+        calls = len(ops) - before  # rounding each partial sum through torch is the running sum again
+        if not g.expect(
+            f"value={value!r}, dtype={DTYPE_NAMES[dtype]}: the method",
+            calls <= MAX_TORCH_OPS_PER_CALL,
+            f"your function made {calls} torch calls for one answer: rounding every partial sum with torch "
+            f"(torch.tensor(s + v, dtype)) runs the sum in the dtype. Round the value once (at most "
+            f"{MAX_TORCH_OPS_PER_CALL} torch calls) and do the grid arithmetic in Python floats",
         ):
             break
         if not g.compare(f"value={value!r}, dtype={DTYPE_NAMES[dtype]}", got, expected):
@@ -227,8 +241,16 @@ def check_adam8bit_state_bytes(fn) -> CheckResult:
         (1, 2048, 0),  # one element still needs a whole block's absmax
     ]:
         expected = _measured_state_bytes(numel, block_size, min_8bit_size)
+        ops: list[str] = []
         with _refusing("count the bytes from the sizes; building an AdamW8bit measures them", (AdamW8bit, "__init__")):
-            got = g.call(fn, numel, block_size, min_8bit_size)
+            got = g.call(_recorded(fn, ops), numel, block_size, min_8bit_size)
+        if not g.expect(
+            f"numel={numel:,}, block_size={block_size}, min_8bit_size={min_8bit_size}: the method",
+            not ops,
+            f"your function calls torch ({', '.join(sorted(set(ops)))}): quantizing a tensor (quantize_blockwise) "
+            "and measuring what comes back is the grader's job; count the bytes from the sizes in Python",
+        ):
+            break
         if not g.compare(f"numel={numel:,}, block_size={block_size}, min_8bit_size={min_8bit_size}", got, expected):
             break
     return g.result()

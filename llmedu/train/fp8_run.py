@@ -34,10 +34,12 @@ __all__ = ["compare_precisions", "PRECISIONS_COMPARED"]
 PRECISIONS_COMPARED = ("fp32", "bf16", "fp8")
 
 
-def _train(model: CausalLM, batches: list[torch.Tensor], precision: str, lr: float) -> list[float]:
-    """AdamW on ``batches``, one step each; the loss of every step."""
+def _train(
+    model: CausalLM, batches: list[torch.Tensor], precision: str, lr: float, after_step=None
+) -> tuple[list[float], list[float]]:
+    """AdamW on ``batches``, one step each; the loss and the gradient norm of every step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
+    losses, grad_norms = [], []
     for ids in batches:  # (B, T)
         if precision == "bf16":
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -46,9 +48,13 @@ def _train(model: CausalLM, batches: list[torch.Tensor], precision: str, lr: flo
             loss = lm_loss(model(ids), ids)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grad_norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
         optimizer.step()  # the parameters are fp32 in all three runs: they are the master weights
         losses.append(loss.item())
-    return losses
+        if after_step is not None:
+            after_step(model)
+    return losses, grad_norms
 
 
 def compare_precisions(
@@ -62,7 +68,10 @@ def compare_precisions(
     precisions: tuple[str, ...] = PRECISIONS_COMPARED,
     **config_overrides,
 ) -> dict:
-    """Train a tiny GPT for ``steps`` steps in each precision; ``{"losses": {name: [...]}, "fp8_counts": ...}``.
+    """Train a tiny GPT for ``steps`` steps in each precision.
+
+    Returns ``{"losses": {name: [...]}, "grad_norms": {name: [...]}, "fp8_counts": totals,
+    "fp8_steps": [per step: {kind: {"overflows": n, "underflows": n}}]}``, kinds input, weight, grad.
 
     ``config_overrides`` change the ``TransformerConfig`` (default: 2 layers, d_model 64, 4 heads).
     """
@@ -77,12 +86,21 @@ def compare_precisions(
     batches = byte_batches(load_corpus("shakespeare"), batch, seq_len, steps, seed=seed)
     torch.manual_seed(seed)
     initial = CausalLM(config)  # one initialization, copied into every run
-    result = {"losses": {}, "fp8_counts": None}
+    result = {"losses": {}, "grad_norms": {}, "fp8_counts": None, "fp8_steps": []}
+    totals = []  # fp8_counts after each step: the per-step counts are their differences
+
+    def snapshot(model: CausalLM) -> None:
+        totals.append(fp8_counts(model))
+
     for name in precisions:
         model = copy.deepcopy(initial)
         if name == "fp8":
             convert_to_fp8(model, history_len=history_len, margin=margin)
-        result["losses"][name] = _train(model, batches, name, lr)
+        after = snapshot if name == "fp8" else None
+        result["losses"][name], result["grad_norms"][name] = _train(model, batches, name, lr, after)
         if name == "fp8":
             result["fp8_counts"] = fp8_counts(model)
+    zero = {kind: {"overflows": 0, "underflows": 0} for kind in ("input", "weight", "grad")}
+    for before, after in zip([zero, *totals], totals):
+        result["fp8_steps"].append({kind: {k: after[kind][k] - before[kind][k] for k in after[kind]} for kind in after})
     return result
