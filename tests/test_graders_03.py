@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from llmedu.checks.nn import check_fixed_layernorm, check_rmsnorm_as_layernorm
-from llmedu.checks.norms import check_adam_first_update
+from llmedu.checks.norms import GRID_DOWN_STD, check_adam_first_update
 from llmedu.nn.placement_study import Run, Variant, collapse_counts, collapsed, unigram_loss
 
 
@@ -34,6 +34,9 @@ def test_fixed_layernorm():
         return (x - mean) / torch.sqrt(var + eps) * w + b
 
     assert not check_fixed_layernorm(running_statistics)
+    # right value the wrong way: the library's norm does the work the exercise asks for
+    assert not check_fixed_layernorm(lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps))
+    assert not check_fixed_layernorm(lambda x, w, b, eps: torch.layer_norm(x, x.shape[-1:], w, b, eps))
 
 
 def test_rmsnorm_as_layernorm():
@@ -61,6 +64,19 @@ def test_adam_first_update():
     # right value the wrong way: every entry moves by lr, true for most gradients but not near eps or at zeros
     assert not check_adam_first_update(lambda g, w, lr, eps: lr * math.sqrt(g.numel()) / w.norm().item())
     assert not check_adam_first_update(lambda g, w, lr, eps: (lr * g.sign()).norm().item() / w.norm().item())
+
+
+def test_adam_grader_draws_the_grid_models_init():
+    # the exercise is about the 8-layer grid model, whose last W_down starts at 0.02 / sqrt(2L), not GPT-2's 0.02
+    from llmedu.models import CausalLM, TransformerConfig
+
+    torch.manual_seed(0)
+    for placement in ("post", "pre"):
+        cfg = TransformerConfig(
+            vocab_size=256, d_model=64, n_heads=4, n_layers=8, max_seq_len=64, position="rope", norm_placement=placement
+        )
+        std = CausalLM(cfg).transformer.blocks[-1].mlp.down_proj.weight.std().item()
+        assert std == pytest.approx(GRID_DOWN_STD, rel=0.05)
 
 
 def test_collapse_rule():

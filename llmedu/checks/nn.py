@@ -32,6 +32,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..nn.attention import causal_mask, kv_cache_bytes, math_attention
 from ..nn.norms import LayerNorm, RMSNorm
@@ -195,11 +196,29 @@ def check_depth_gradient_ratio(fn) -> CheckResult:
     return g.result()
 
 
+class _OpNames(TorchDispatchMode):
+    """Records the name of every ATen op run inside the block (``aten.native_layer_norm`` -> ``native_layer_norm``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+# a library norm does the exercise's work: F.layer_norm, torch.layer_norm and nn.LayerNorm all run the first
+_LIBRARY_NORMS = ("native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit")
+
+
 def check_fixed_layernorm(fn) -> CheckResult:
     """``fn(x (B, T, d), weight, bias, eps)``: LayerNorm of each token on its own, with the biased variance.
 
     The lesson's buggy version takes its statistics over a whole sequence (every token sees the later ones
     through the mean and variance) and uses ``torch.var``'s default, the unbiased variance (divides by n - 1).
+    The fix is written out: the ATen ops of each call are recorded, and a library norm (``F.layer_norm``,
+    ``torch.layer_norm``, ``nn.LayerNorm``, group or batch norm) fails.
     """
     g = Grader("check_fixed_layernorm")
     for (B, T, d), eps in (((2, 6, 8), 1e-5), ((1, 5, 4), 1e-5), ((3, 4, 16), 1e-12)):
@@ -212,7 +231,13 @@ def check_fixed_layernorm(fn) -> CheckResult:
         ref.weight.data, ref.bias.data = w, b
         expected = ref(x).detach()
         case = f"x of shape {(B, T, d)}, eps={eps}"
-        got = g.call(fn, x.clone(), w, b, eps)
+        with _OpNames() as recorder:
+            got = g.call(fn, x.clone(), w, b, eps)
+        library = sorted(recorder.names.intersection(_LIBRARY_NORMS))
+        if library:
+            g.expect(
+                case, False, f"your function calls a library norm (aten.{library[0]}): write the mean and variance out"
+            )
         if isinstance(got, torch.Tensor) and got.shape == x.shape:
             moved = x.clone()
             moved[0, -1] = moved[0, -1] * 3 + 5  # change only the last token of the first sequence

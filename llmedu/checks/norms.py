@@ -5,15 +5,23 @@
 Adam (Kingma & Ba 2015, algorithm 1) divides the bias-corrected first moment by the square root of the
 bias-corrected second moment. At step 1 both are the gradient itself (m_hat = g, v_hat = g^2), so every
 entry moves by lr * g / (|g| + eps): about lr, whatever the size of g, unless |g| is near eps.
+
+The weight is drawn as the lesson's training grid draws its last W_down: ``CausalLM.reset_parameters`` scales
+the projections into the residual stream (``o_proj``, ``down_proj``) by 1/sqrt(2L), GPT-2's scheme, so at
+L = 8 layers their standard deviation is 0.02 / sqrt(16) = 0.005, not 0.02.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .core import CheckResult, Grader
 
-__all__ = ["check_adam_first_update", "adam_first_update"]
+__all__ = ["check_adam_first_update", "adam_first_update", "GRID_DOWN_STD"]
+
+GRID_DOWN_STD = 0.02 / math.sqrt(2 * 8)  # the 8-layer grid model's W_down: init_std / sqrt(2L)
 
 
 def adam_first_update(grad: torch.Tensor, weight: torch.Tensor, lr: float, eps: float) -> float:
@@ -31,7 +39,7 @@ def check_adam_first_update(fn) -> CheckResult:
     """
     g = Grader("check_adam_first_update")
     gen = torch.Generator().manual_seed(3)
-    weight = torch.randn(64, 256, generator=gen) * 0.02  # GPT-2's initialisation of a (d, 4d) matrix
+    weight = torch.randn(64, 256, generator=gen) * GRID_DOWN_STD  # the grid's last W_down, (d, 4d)
     direction = torch.randn(64, 256, generator=gen)
     zeros = direction * (torch.rand(64, 256, generator=gen) > 0.5)  # half the entries get no gradient
     cases = [
