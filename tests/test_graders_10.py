@@ -145,6 +145,27 @@ def test_accumulation():
     assert not result and "forward passes" in result.failure
     result = check_accumulation(sync_first)  # on one rank its parameters are right: only the order tells
     assert not result and "before the last micro-batch's forward" in result.failure
+
+    def one_backward(model, optimizer, micro_batches):  # a forward per micro-batch, all-reduces after the last,
+        optimizer.zero_grad()  # right parameters, but one backward: every micro-batch's activations alive at once
+        loss = sum(nn.functional.mse_loss(model(x), y) for x, y in micro_batches) / len(micro_batches)
+        loss.backward()
+        model.finish_gradient_sync()
+        optimizer.step()
+
+    def forwards_first(model, optimizer, micro_batches):  # a backward per micro-batch, after all the forwards
+        optimizer.zero_grad()
+        losses = [nn.functional.mse_loss(model(x), y) / len(micro_batches) for x, y in micro_batches]
+        for i, loss in enumerate(losses):
+            with model.no_sync() if i < len(losses) - 1 else nullcontext():
+                loss.backward()
+        model.finish_gradient_sync()
+        optimizer.step()
+
+    result = check_accumulation(one_backward)
+    assert not result and "backward passes" in result.failure
+    result = check_accumulation(forwards_first)
+    assert not result and "before the next forward" in result.failure
     result = check_accumulation(
         lambda model, optimizer, micro_batches: accumulation_step(model, optimizer, micro_batches)
     )

@@ -14,7 +14,9 @@ check_bucket_prediction(answer) a prediction: buckets and all-reduce seconds per
 check_accumulation(fn)          fn(model, optimizer, micro_batches) -> one optimizer step of a ``DDP`` model
                                 over the micro-batches (x, y) with MSE, equal to one step on their concatenation,
                                 by the method: one forward per micro-batch and none larger (a forward pre-hook
-                                records the rows), and one all-reduce per bucket, all launched after the last
+                                records the rows), one backward per micro-batch, each finished before the next
+                                forward (a hook on the first parameter's accumulated gradient marks the end of a
+                                backward), and one all-reduce per bucket, all launched after the last
                                 micro-batch's forward (``no_sync`` around every backward but the last). Run in a
                                 group of one rank (the number of all-reduces does not depend on N), over a
                                 ``Link`` whose records count them and say when each was launched.
@@ -213,21 +215,41 @@ def _one_rank_group() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
-def _forward_rows(module: nn.Module) -> list[tuple[int, float]]:
-    """Record (rows of the input, time) for every forward of ``module``, however it is called."""
+def _passes(module: nn.Module) -> tuple[list[tuple[int, float]], list[float]]:
+    """Record (rows of the input, time) for every forward of ``module``, however it is called, and the time
+    every backward ends: the first parameter's gradient is the last one backward accumulates."""
     forwards: list[tuple[int, float]] = []
+    backwards: list[float] = []
 
     def note(module, args, kwargs) -> None:
         x = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
         forwards.append((x.shape[0], time.perf_counter()))
 
     module.register_forward_pre_hook(note, with_kwargs=True)
-    return forwards
+    first = next(p for p in module.parameters() if p.requires_grad)
+    first.register_post_accumulate_grad_hook(lambda p: backwards.append(time.perf_counter()))
+    return forwards, backwards
 
 
-def _check_method(g: Grader, case: str, forwards: list, records: list[dict], micro: int, rows: int) -> None:
-    """One forward per micro-batch, none larger, and every all-reduce launched after the last forward."""
+def _check_method(
+    g: Grader, case: str, forwards: list, backwards: list, records: list[dict], micro: int, rows: int
+) -> None:
+    """One forward per micro-batch, none larger, one backward per micro-batch finished before the next forward,
+    and every all-reduce launched after the last forward."""
     g.compare(f"{case}: forward passes (one per micro-batch)", len(forwards), micro)
+    g.expect(
+        f"{case}: backward passes (one per micro-batch)",
+        len(backwards) == micro,
+        f"{len(backwards)} backward pass(es) for {micro} micro-batches: call backward() on each micro-batch's "
+        "loss; one backward of the summed losses keeps every micro-batch's activations alive at once",
+    )
+    starts = [t for _, t in forwards[1:]] + [float("inf")]
+    g.expect(
+        f"{case}: each backward before the next forward",
+        len(backwards) == len(forwards) and all(f < b < s for (_, f), b, s in zip(forwards, backwards, starts)),
+        "a micro-batch's forward ran before the previous micro-batch's backward had finished: run forward "
+        "then backward for one micro-batch before the next, so only one micro-batch's activations are alive",
+    )
     largest = max((r for r, _ in forwards), default=0)
     g.expect(
         f"{case}: the largest forward",
@@ -253,7 +275,7 @@ def check_accumulation(fn: Callable) -> CheckResult:
         for micro, width, bucket_bytes in [(1, 8, 400), (2, 8, 400), (4, 16, 600), (3, 16, 10**6)]:
             link = Link(0.0, float("inf"))  # no time: its records only count the all-reduces
             model = DDP(_accumulation_model(1, width), bucket_mb=bucket_bytes / 2**20, timed=False, link=link)
-            forwards = _forward_rows(model.module)
+            forwards, backwards = _passes(model.module)
             single = _accumulation_model(1, width)
             optims = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, single)]
             data = torch.Generator().manual_seed(micro)
@@ -263,6 +285,7 @@ def check_accumulation(fn: Callable) -> CheckResult:
                 pieces = list(zip(x.chunk(micro), y.chunk(micro)))  # (4, 6) and (4, 2) each
                 link.records.clear()
                 forwards.clear()
+                backwards.clear()
                 g.call(fn, model, optims[0], pieces)
                 if g.failure is not None:
                     return g.result()
@@ -276,7 +299,7 @@ def check_accumulation(fn: Callable) -> CheckResult:
                 )
                 sent = sum(r["op"] == "all_reduce" for r in link.records)
                 g.compare(f"{case}: all-reduces sent", sent, len(model.buckets))
-                _check_method(g, case, forwards, link.records, micro, rows=4)
+                _check_method(g, case, forwards, backwards, link.records, micro, rows=4)
                 got = torch.cat([p.detach().flatten() for p in model.parameters()])
                 want = torch.cat([p.detach().flatten() for p in single.parameters()])
                 g.compare(f"{case}: parameters after the step (one step on all micro-batches)", got, want, atol=1e-6)
