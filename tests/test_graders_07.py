@@ -209,6 +209,36 @@ def adam_with_l2(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, 
     return adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, 0.0)
 
 
+def test_adamw_fix_does_not_name_the_planted_mistake():
+    result = check_adamw_fix(adam_with_l2)
+    assert not result and "Hint" not in result.failure and "coupled" not in result.failure
+    assert check_adamw_fix.__module__ == "llmedu.checks.adamw_fix"
+
+
+def adamw_in_place(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    """A right fix written in place with lerp_, as torch's own step does: not a library call."""
+    param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**step))
+    return param, exp_avg, exp_avg_sq
+
+
+def test_adamw_fix_accepts_an_in_place_step_with_lerp():
+    assert check_adamw_fix(adamw_in_place)
+
+
+def test_headline_cases_say_only_higher_or_lower():
+    result = check_skipped_steps(lambda *args: 0)
+    assert not result and "too low" in result.failure and "expected" not in result.failure
+    result = check_additions_to_stall(lambda value, dtype: 400)  # 4 / 0.01
+    assert not result and "too high" in result.failure and "expected" not in result.failure
+    result = check_fp8_underflow(lambda std, fmt, scale: 0.5)
+    assert not result and "too high" in result.failure and "expected" not in result.failure
+
+
 def test_adamw_fix_lists_the_wrong_ways():
     for wrong_way in (adamw_by_library, adamw_by_torch):
         result = check_adamw_fix(wrong_way)
