@@ -37,6 +37,14 @@ def test_fixed_layernorm():
     # right value the wrong way: the library's norm does the work the exercise asks for
     assert not check_fixed_layernorm(lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps))
     assert not check_fixed_layernorm(lambda x, w, b, eps: torch.layer_norm(x, x.shape[-1:], w, b, eps))
+    # RMSNorm of the centred input is LayerNorm, but F.rms_norm decomposes into elementwise ATen ops on CPU,
+    # so only the Python-level record sees that a library norm did the division
+    assert not check_fixed_layernorm(
+        lambda x, w, b, eps: F.rms_norm(x - x.mean(-1, keepdim=True), x.shape[-1:], w, eps) + b
+    )
+    assert not check_fixed_layernorm(
+        lambda x, w, b, eps: torch.nn.RMSNorm(x.shape[-1], eps=eps)(x - x.mean(-1, keepdim=True)) * w + b
+    )
 
 
 def test_rmsnorm_as_layernorm():

@@ -32,6 +32,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..nn.attention import causal_mask, kv_cache_bytes, math_attention
@@ -211,14 +212,30 @@ class _OpNames(TorchDispatchMode):
 # a library norm does the exercise's work: F.layer_norm, torch.layer_norm and nn.LayerNorm all run the first
 _LIBRARY_NORMS = ("native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit")
 
+# F.rms_norm runs as elementwise ATen ops on CPU, unseen above: so catch the norms where Python calls them too
+_PYTHON_NORMS = (F.rms_norm, torch.rms_norm, F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm)
+
+
+class _NormCalls(TorchFunctionMode):
+    """Records the name of every library norm called from Python inside the block (``nn.RMSNorm``'s too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if any(func is f for f in _PYTHON_NORMS):
+            self.names.add(func.__name__)
+        return func(*args, **(kwargs or {}))
+
 
 def check_fixed_layernorm(fn) -> CheckResult:
     """``fn(x (B, T, d), weight, bias, eps)``: LayerNorm of each token on its own, with the biased variance.
 
     The lesson's buggy version takes its statistics over a whole sequence (every token sees the later ones
     through the mean and variance) and uses ``torch.var``'s default, the unbiased variance (divides by n - 1).
-    The fix is written out: the ATen ops of each call are recorded, and a library norm (``F.layer_norm``,
-    ``torch.layer_norm``, ``nn.LayerNorm``, group or batch norm) fails.
+    The fix is written out: each call's library norms (``F.layer_norm``, ``nn.LayerNorm``, ``F.rms_norm`` of the
+    centred input, group or batch norm) are recorded, in Python and as ATen ops, and fail.
     """
     g = Grader("check_fixed_layernorm")
     for (B, T, d), eps in (((2, 6, 8), 1e-5), ((1, 5, 4), 1e-5), ((3, 4, 16), 1e-12)):
@@ -231,13 +248,11 @@ def check_fixed_layernorm(fn) -> CheckResult:
         ref.weight.data, ref.bias.data = w, b
         expected = ref(x).detach()
         case = f"x of shape {(B, T, d)}, eps={eps}"
-        with _OpNames() as recorder:
+        with _OpNames() as recorder, _NormCalls() as python_calls:
             got = g.call(fn, x.clone(), w, b, eps)
-        library = sorted(recorder.names.intersection(_LIBRARY_NORMS))
+        library = sorted(python_calls.names | recorder.names.intersection(_LIBRARY_NORMS))
         if library:
-            g.expect(
-                case, False, f"your function calls a library norm (aten.{library[0]}): write the mean and variance out"
-            )
+            g.expect(case, False, f"your function calls a library norm ({library[0]}): write the mean and variance out")
         if isinstance(got, torch.Tensor) and got.shape == x.shape:
             moved = x.clone()
             moved[0, -1] = moved[0, -1] * 3 + 5  # change only the last token of the first sequence
