@@ -108,7 +108,8 @@ def _layernorm(x, w, b, eps):  # each token on its own, the biased variance
 
 def test_lesson03_fixed_layernorm_grader(capsys):
     assert checks.check_fixed_layernorm(_layernorm)
-    assert checks.check_fixed_layernorm(lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps))
+    # the library's own norm gives the right values but is not the exercise's method: refused
+    assert not checks.check_fixed_layernorm(lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps))
     capsys.readouterr()
 
     def buggy(x, w, b, eps):  # the lesson's: statistics over the whole sequence, unbiased variance
