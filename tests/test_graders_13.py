@@ -13,6 +13,7 @@ from llmedu.checks.parallel import (
     check_nodes_spanned,
     check_rank_order,
     cross_node_traffic,
+    equivalent_lr,
     nodes_spanned,
 )
 from llmedu.checks.planner import (
@@ -59,6 +60,9 @@ def test_nodes_spanned_grader():
     sizes = {"dp": 2, "tp": 8, "pp": 4}
     assert all(fixed(k, sizes, ("tp", "dp", "pp"), 8) == nodes_spanned(k, sizes, ("tp", "dp", "pp"), 8) for k in sizes)
     assert not check_nodes_spanned(fixed)
+    # the right value the wrong way: the grader's own reference, imported from llmedu.checks
+    result = check_nodes_spanned(nodes_spanned)
+    assert not result and "called llmedu.checks' parallel.nodes_spanned" in result.failure
 
 
 def right_lr(bug, optimizer, lr, dp, n_micro):
@@ -76,6 +80,9 @@ def test_equivalent_lr_grader():
     assert not check_equivalent_lr(
         lambda bug, opt, lr, dp, m: right_lr("sum" if bug == "micro-sum" else bug, opt, lr, dp, m)
     )
+    # the right value the wrong way: the grader's own reference, imported from llmedu.checks
+    result = check_equivalent_lr(equivalent_lr)
+    assert not result and "called llmedu.checks' parallel.equivalent_lr" in result.failure
 
 
 def best_order(traffic, sizes, gpus_per_node):
@@ -108,6 +115,15 @@ def test_rank_order_grader():
     )
     assert not check_rank_order(greedy)
     assert not check_rank_order(lambda traffic, sizes, gpn: ("tp", "dp"))  # not an order of all three
+
+    # the right order the wrong way: a brute force over the grader's own cross_node_traffic
+    def brute_force(traffic, sizes, gpn):
+        import itertools
+
+        return min(itertools.permutations(sizes), key=lambda o: cross_node_traffic(traffic, sizes, o, gpn))
+
+    result = check_rank_order(brute_force)
+    assert not result and "called llmedu.checks' parallel.cross_node_traffic" in result.failure
 
 
 # -- lesson 14b ---------------------------------------------------------------------------------------------

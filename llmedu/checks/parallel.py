@@ -1,13 +1,17 @@
 """Graders for lessons 11 (tensor parallel), 12 (pipeline parallel) and 13 (3D parallelism).
 
 All run in this process, in a fraction of a second: the "ranks" of the tensor-parallel exercises are
-the pieces of a split matrix, multiplied one after the other.
+the pieces of a split matrix, multiplied one after the other. Lesson 13's graders fail a function that asks
+``llmedu.checks`` for the answer (its reference functions, such as ``nodes_spanned`` or ``cross_node_traffic``):
+they record every call into the graders' files while the learner's function runs.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -178,6 +182,30 @@ def check_rank_of(fn: Callable[[int, int, int, tuple], int]) -> CheckResult:
 
 # -- lesson 13: where a mesh's groups sit on nodes, and what a missing mean does --------------------------------
 KINDS = ("dp", "tp", "pp")
+CHECKS = Path(__file__).resolve().parent
+GRADING = CHECKS / "core.py"  # the Grader itself, which runs the learner's function
+
+
+def _without_reference(g: Grader, fn, *args):
+    """``fn(*args)`` through ``g.call``, failing the case if it called a function of ``llmedu.checks``."""
+    called = []
+
+    def watch(frame, event, arg):
+        name = frame.f_code.co_filename
+        if event == "call" and name.startswith(str(CHECKS)) and name != str(GRADING) and not called:
+            called.append(f"{Path(name).stem}.{frame.f_code.co_qualname}")
+
+    sys.setprofile(watch)
+    try:
+        got = g.call(fn, *args)
+    finally:
+        sys.setprofile(None)
+    g.expect(
+        "your function works it out without the graders' reference",
+        not called,
+        f"it called llmedu.checks' {called[0] if called else ''}: write the rule yourself",
+    )
+    return got
 
 
 def _rank(coords: dict, sizes: dict, order: tuple) -> int:
@@ -230,7 +258,7 @@ def check_nodes_spanned(fn: Callable[[str, dict, tuple, int], int]) -> CheckResu
         for kind in KINDS:
             g.compare(
                 f"{kind} groups of {sizes}, order {order} (fastest first), {gpn} GPUs a node",
-                g.call(fn, kind, dict(sizes), order, gpn),
+                _without_reference(g, fn, kind, dict(sizes), order, gpn),
                 nodes_spanned(kind, sizes, order, gpn),
             )
     return g.result()
@@ -258,7 +286,7 @@ def check_equivalent_lr(fn: Callable[[str, str, float, int, int], float]) -> Che
     for bug, optimizer, (dp, n_micro) in itertools.product(BUGS, ("sgd", "adamw"), [(2, 2), (4, 2), (2, 8), (8, 1)]):
         g.compare(
             f"bug {bug!r} ({BUGS[bug]}), {optimizer}, lr 0.1, dp={dp}, n_micro={n_micro}",
-            g.call(fn, bug, optimizer, 0.1, dp, n_micro),
+            _without_reference(g, fn, bug, optimizer, 0.1, dp, n_micro),
             equivalent_lr(bug, optimizer, 0.1, dp, n_micro),
             rtol=1e-9,
         )
@@ -278,7 +306,7 @@ def check_rank_order(fn: Callable[[dict, dict, int], tuple]) -> CheckResult:
     nodes (``cross_node_traffic``); any order that ties with the best passes."""
     g = Grader("check_rank_order")
     for traffic, sizes, gpn in _ORDER_CASES:
-        order = g.call(fn, dict(traffic), dict(sizes), gpn)
+        order = _without_reference(g, fn, dict(traffic), dict(sizes), gpn)
         what = f"traffic {traffic}, sizes {sizes}, {gpn} GPUs a node"
         if not g.expect(
             f"{what}: an order of 'tp', 'dp', 'pp'",
