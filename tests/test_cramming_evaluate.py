@@ -231,10 +231,8 @@ def test_the_evaluation_runs_end_to_end_from_the_command_line(tmp_path, capsys):
 
     out = tmp_path / "evaluation.json"
     args = ["evaluate", "--runs", f"crammed={tmp_path / 'crammed'}", "--out", str(out)]
-    # sizes as small as the checks allow (fine-tuning and the probes cost in proportion to the examples): a
-    # label budget of one fine-tuning batch (32), a few more for all the labels, dev and test splits of 16
-    quick = ["--lrs", "1e-4", "4e-4", "--seeds", "0", "1", "--label-sizes", "32", "all", "--epochs", "1"]
-    quick += ["--max-train", "40", "--max-eval", "16", "--no-minilm"]
+    quick = ["--lrs", "1e-4", "4e-4", "--seeds", "0", "1", "--label-sizes", "40", "all", "--epochs", "1"]
+    quick += ["--max-train", "64", "--max-eval", "32", "--no-minilm"]
     with pytest.raises(FileNotFoundError, match="--pretrain"):
         main([*args, *quick])
     pretraining = ["--pretrain", "4s", "--shape", "tiny", "--max-chars", "20000", "--tokenizer-chars", "30000"]
@@ -249,10 +247,10 @@ def test_the_evaluation_runs_end_to_end_from_the_command_line(tmp_path, capsys):
     models = {"crammed", "crammed, linear probe", "random init", "random init, linear probe", "majority class",
               "TF-IDF + logistic regression"}  # fmt: skip
     for r in results["tasks"].values():
-        assert r["sizes"] == {"train": 40, "dev": 16, "test": 16}
+        assert r["sizes"] == {"train": 64, "dev": 32, "test": 32}
         assert set(r["models"]) == models
         assert r["models"]["crammed"]["lr"] in (1e-4, 4e-4) and r["models"]["majority class"]["lr"] is None
-        assert list(r["models"]["crammed"]["label_efficiency"]) == ["32", "40"]
+        assert list(r["models"]["crammed"]["label_efficiency"]) == ["40", "64"]
         assert len(r["models"]["random init"]["test"]["scores"]) == 2
     assert set(results["average"]) == models and printed["average"]["majority class"] == pytest.approx(
         results["average"]["majority class"]["mean"], abs=1e-4
