@@ -19,7 +19,6 @@ NOT_YET_DISTILLED = {
     "08_accumulation_and_recomputation",
     "09_collectives",
     "12_pipeline_parallel",
-    "15_flash_attention",
     "17_peft",
     "18_long_sequences",
     "19_mixture_of_experts",
