@@ -47,11 +47,26 @@ def test_online_logsumexp_fails_a_plausible_wrong_value(capsys):
     assert "all -inf" in capsys.readouterr().out
 
 
+def all_blocks_at_once(x, block):  # padded and cut into blocks, then one reduction over every block together
+    xb = F.pad(x, (0, -x.shape[-1] % block), value=-math.inf).unflatten(-1, (-1, block))  # (..., n_blocks, block)
+    m = xb.amax((-2, -1))
+    safe = m.masked_fill(m == -math.inf, 0.0)
+    return m + torch.log(torch.exp(xb - safe[..., None, None]).sum((-2, -1)))
+
+
+def whole_row_transposed(x, block):  # the row moved off the last dim: x.mT's last dim is the batch of rows
+    m = x.mT.amax(0)
+    safe = m.masked_fill(m == -math.inf, 0.0)
+    return m + torch.log(torch.exp(x.mT - safe).sum(0))
+
+
 @pytest.mark.parametrize(
     "wrong, message",
     [
         (lambda x, b: torch.logsumexp(x, -1), "logsumexp"),  # no blocks at all
         (merged_by_torch, "does the merge for you"),  # blocks, but torch.logaddexp merges them
+        (all_blocks_at_once, "each reduction over at most"),
+        (whole_row_transposed, "each reduction over at most"),
     ],
 )
 def test_online_logsumexp_fails_the_right_value_computed_the_wrong_way(wrong, message, capsys):
@@ -86,6 +101,13 @@ def tiles_then_whole(q, k, v, block):  # each score tile computed apart, then gl
     return torch.softmax(torch.cat(rows, 2) * q.shape[-1] ** -0.5, -1) @ v
 
 
+def query_rows_only(q, k, v, block):  # split by query tiles only: each against all keys, no online softmax
+    rows = [
+        torch.softmax(q[:, :, i : i + block] @ k.mT * q.shape[-1] ** -0.5, -1) @ v for i in range(0, q.shape[2], block)
+    ]
+    return torch.cat(rows, 2)
+
+
 def tiles_merged_by_logsumexp(q, k, v, block):  # tiled, but torch.logsumexp/logaddexp carry the normaliser
     out = torch.empty_like(q)
     for i in range(0, q.shape[2], block):
@@ -116,6 +138,7 @@ def test_tiled_attention_fails_a_plausible_wrong_value(capsys):
         (lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v), "fused attention"),
         (lambda q, k, v, b: torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v, "no (Tq, Tk)"),
         (tiles_then_whole, "no (Tq, Tk)"),
+        (query_rows_only, "keys at a time"),
         (tiles_merged_by_logsumexp, "does the merge for you"),
     ],
 )

@@ -11,10 +11,7 @@ check_fork_tables(fn)        fn(prompt_len, block_size, n_samples) -> block tabl
 check_blocks_needed(fn)      fn(length, n_new, block_size, n_blocks, last_block_shared) -> fresh blocks (find the bug)
 
 The first two grade the method as well as the value: every ATen op the function runs is recorded
-(``torch.utils._python_dispatch.TorchDispatchMode``). Both fail a call to ``torch.logsumexp`` or ``torch.logaddexp``
-(which would do the merge the exercise asks for). The logsumexp fails if an op other than a view or a copy reads
-more than ``block`` columns at once; the attention fails if it calls a fused attention op, or if any op produces a
-tensor as large as one head's (Tq, Tk) score matrix on a case where the tiles are much smaller.
+(``torch.utils._python_dispatch.TorchDispatchMode``); their docstrings say which ops and tensor sizes fail.
 """
 
 from __future__ import annotations
@@ -46,13 +43,18 @@ __all__ = [
 
 def _first_block_masked() -> torch.Tensor:
     x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1))
-    x[0, :5] = -math.inf
-    x[2] = -math.inf
+    x[0, :5], x[2] = -math.inf, -math.inf  # a first block masked; a row masked whole
     return x
 
 
+# reductions: inputs per output element; scans (cumsum, ...): the length of the scanned dim (args[1])
+_REDUCTIONS = {"amax", "amin", "max", "min", "sum", "mean", "prod", "nansum", "argmax", "argmin", "logsumexp"}
+_REDUCTIONS |= {"norm", "linalg_vector_norm", "all", "any", "var", "std", "median", "aminmax", "sort", "topk"}
+_SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
+
+
 class _OpRecorder(TorchDispatchMode):
-    """Records (op, is_view, input shapes, output shapes) of every ATen op run inside the block."""
+    """Records (op, is_view, input shapes, output shapes, elements folded into each result) of every ATen op."""
 
     def __init__(self):
         super().__init__()
@@ -64,7 +66,11 @@ class _OpRecorder(TorchDispatchMode):
         def shapes(tree):
             return [tuple(t.shape) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
-        self.calls.append((func, func.is_view, shapes((args, kwargs)), shapes(out)))
+        ins, outs, name = shapes((args, kwargs)), shapes(out), func.overloadpacket.__name__
+        folded = math.prod(ins[0]) // max(1, math.prod(outs[0])) if name in _REDUCTIONS and ins and outs else 1
+        if name in _SCANS and ins and ins[0]:
+            folded = ins[0][args[1] if len(args) > 1 else kwargs["dim"]]
+        self.calls.append((func, func.is_view, ins, outs, folded))
         return out
 
 
@@ -81,18 +87,24 @@ _COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.constant_pad_nd", 
 _MERGES = ("aten.logsumexp", "aten.logaddexp")
 
 
+def _expect_none(g: Grader, description: str, found: list, detail) -> None:
+    """One case: no op may be ``found``; ``detail(*found[0])`` names the first that was."""
+    g.expect(description, not found, detail(*found[0]) if found else "")
+
+
 def _expect_no_merge_op(g: Grader, case: str, calls) -> None:
-    merges = [str(func) for func, *_ in calls if str(func).startswith(_MERGES)]
-    detail = f"it calls {merges[0]}, which does the merge for you" if merges else ""
-    g.expect(f"{case}: the running maximum and sum written out", not merges, detail)
+    merges = [(str(func),) for func, *_ in calls if str(func).startswith(_MERGES)]
+    detail = "it calls {}, which does the merge for you".format
+    _expect_none(g, f"{case}: the running maximum and sum written out", merges, detail)
 
 
 def check_online_logsumexp(fn):
     """``fn(x, block)``: logsumexp of x (..., N) over the last dim, one pass over blocks of columns.
 
     The method: no op but a view or a copy may read a tensor whose last dimension is longer than ``block``
-    (``torch.logsumexp(x, -1)``, or ``x.max(-1)`` over the whole row, fails), and none may be ``torch.logsumexp``
-    or ``torch.logaddexp`` (per block, they would do the merge the exercise asks for).
+    (``torch.logsumexp(x, -1)``, or ``x.max(-1)`` over the whole row, fails), no reduction may fold more than
+    ``block`` elements into one result (``x.mT.amax(0)``, or an ``amax((-2, -1))`` over all blocks at once, fails),
+    and none may be ``torch.logsumexp`` or ``torch.logaddexp`` (per block, they would do the merge).
     """
     g = Grader("check_online_logsumexp")
     gen = torch.Generator().manual_seed(0)
@@ -117,15 +129,16 @@ def check_online_logsumexp(fn):
         recorded.append((case, block, calls))
     for case, block, calls in recorded:
         wide = [
-            (func, ins)
-            for func, is_view, ins, _ in calls
-            if not is_view and not str(func).startswith(_COPIES) and any(s and s[-1] > block for s in ins)
+            (func, s)
+            for func, is_view, ins, *_ in calls
+            if not is_view and not str(func).startswith(_COPIES)
+            for s in ins
+            if s and s[-1] > block
         ]
-        g.expect(
-            f"{case}: {block} columns at a time",
-            not wide,
-            f"{wide[0][0]} read a tensor of shape {next(s for s in wide[0][1] if s and s[-1] > block)}" if wide else "",
-        )
+        _expect_none(g, f"{case}: {block} columns at a time", wide, "{} read a tensor of shape {}".format)
+        folds = [(func, n, ins[0]) for func, _, ins, _, n in calls if n > block]
+        detail = "{} folded {} elements of a tensor of shape {} into each result".format
+        _expect_none(g, f"{case}: each reduction over at most {block} elements", folds, detail)
         _expect_no_merge_op(g, case, calls)
     return g.result()
 
@@ -137,8 +150,9 @@ def check_tiled_attention(fn):
     """``fn(q, k, v, block)``: non-causal attention, q (B, H, Tq, D), k and v (B, H, Tk, D).
 
     The method: no fused attention op (``F.scaled_dot_product_attention``), and on the last case, where a tile
-    holds 64 scores and one head's score matrix 1,920, no op may produce a tensor of 1,920 elements or more;
-    nor may it call ``torch.logsumexp`` or ``torch.logaddexp`` to carry the normaliser.
+    holds 64 scores and one head's score matrix 1,920, no op may produce 1,920 elements or more, nor (unless it
+    only allocates or copies) a last dimension over ``block`` (a query tile's scores against all keys); nor may
+    it call ``torch.logsumexp`` or ``torch.logaddexp`` to carry the normaliser.
     """
     g = Grader("check_tiled_attention")
     gen = torch.Generator().manual_seed(0)
@@ -155,25 +169,19 @@ def check_tiled_attention(fn):
         case = f"Tq={Tq}, Tk={Tk}, D={D}, block={block}"
         got, calls = _recorded(g, fn, q, k, v, block)
         g.compare(case, got, F.scaled_dot_product_attention(q, k, v), atol=1e-5)
-        recorded.append((case, Tq, Tk, sizes_checked, calls))
-    for case, Tq, Tk, sizes_checked, calls in recorded:  # the values first, then the method
-        fused = [str(func) for func, *_ in calls if any(name in str(func) for name in _FUSED_ATTENTION)]
-        g.expect(f"{case}: tile by tile", not fused, f"it calls {fused[0]}, a fused attention" if fused else "")
+        recorded.append((case, Tq, Tk, block, sizes_checked, calls))
+    for case, Tq, Tk, block, sizes_checked, calls in recorded:  # the values first, then the method
+        fused = [(str(func),) for func, *_ in calls if any(name in str(func) for name in _FUSED_ATTENTION)]
+        _expect_none(g, f"{case}: tile by tile", fused, "it calls {}, a fused attention".format)
         if sizes_checked:
-            big = [
-                (str(func), out)
-                for func, is_view, _, outs in calls
-                if not is_view
-                for out in outs
-                if math.prod(out) >= Tq * Tk
-            ]
-            g.expect(
-                f"{case}: no (Tq, Tk) matrix",
-                not big,
-                f"{big[0][0]} produced a tensor of shape {big[0][1]}, as large as one head's {Tq} x {Tk} scores"
-                if big
-                else "",
-            )
+            made = [(str(func), out, ins) for func, is_view, ins, outs, _ in calls if not is_view for out in outs]
+            big = [(func, out) for func, out, _ in made if math.prod(out) >= Tq * Tk]
+            detail = f"{{}} produced a tensor of shape {{}}, as large as one head's {Tq} x {Tk} scores".format
+            _expect_none(g, f"{case}: no (Tq, Tk) matrix", big, detail)
+            # ops that only allocate (read no tensor) or copy may hold a whole row of q, k, v or o
+            wide = [(f, out) for f, out, ins in made if ins and not f.startswith(_COPIES) and out and out[-1] > block]
+            detail = f"{{}} produced a tensor of shape {{}}: more than {block} keys, a tile, at once".format
+            _expect_none(g, f"{case}: at most {block} keys at a time", wide, detail)
         _expect_no_merge_op(g, case, calls)
     return g.result()
 
@@ -193,7 +201,7 @@ def check_causal_tiles(fn):
     """``fn(Tq, Tk, block)``: how many tiles a causal FlashAttention computes (the others are skipped)."""
     g = Grader("check_causal_tiles")
     for Tq, Tk, block in [
-        (1000, 1000, 128),
+        (1500, 1500, 128),  # not the T = 1000 drawn in the lesson
         (4096, 4096, 128),
         (300, 300, 64),
         (128, 1024, 128),
