@@ -1,4 +1,4 @@
-"""Claims of lessons 15-16, measured in one run: FlashAttention's memory, PagedAttention's waste.
+"""Claims of lessons 17-18, measured in one run: FlashAttention's memory, PagedAttention's waste.
 
     python benchmarks/bench_attention.py                      # T = 1024 .. 8192, 3 repeats
     python benchmarks/bench_attention.py --lengths 1024 2048 --repeats 2

@@ -3,11 +3,11 @@
     python benchmarks/bench_compress.py                  # the base: Recipe()'s if cached, else the shipped one
     python benchmarks/bench_compress.py --base full      # Recipe()'s, fine-tuned first if not cached
     python benchmarks/bench_compress.py --threads 1 --batch 8 --distill-steps 20 --finetune-steps 5 \
-        --val-limit 128 --base fast                      # lesson 20's fast mode
+        --val-limit 128 --base fast                      # lesson 22's fast mode
 
 The base is all-MiniLM-L6-v2 fine-tuned on Rotten Tomatoes by ``llmedu.compress.finetuned``
 (``Recipe()``, cached in the data cache after the first run: fine-tune it with the ordinary wrapper before
-a quiet run, so that the quiet run only measures), or fast mode's ``SHIPPED`` base (lesson 17's shipped
+a quiet run, so that the quiet run only measures), or fast mode's ``SHIPPED`` base (lesson 19's shipped
 LoRA adapter merged into the pretrained weights: nothing to train); the table's header names the one used. Every row compresses that same model and is measured by
 ``llmedu.compress.compare.measure``: safetensors bytes (torch.save bytes where safetensors cannot hold
 the weights), the median and minimum of ``--repeats`` forward passes over one batch of ``--batch``

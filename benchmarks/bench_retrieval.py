@@ -16,7 +16,7 @@ rounding, may come in another order); IVF and IVF-PQ recall are comparable (ours
 of FAISS's). FAISS is faster for IVF and IVF-PQ (C++ loops, SIMD kernels, where ours loops over lists in
 Python); exact search is one matrix product in both, about equally fast. The ratio column says how much.
 
-Then (unless ``--no-lm``) the same question asked of a language model, as in lesson 21 §3: a small byte-level
+Then (unless ``--no-lm``) the same question asked of a language model, as in lesson 24 §3: a small byte-level
 GPT (d_model 64, 2 layers; seeded) is trained ``--lm-steps`` steps on chunk pairs [c_i, c_(i+1)] of the KJV
 training books (``rag.train_on_examples``, loss on the second chunk); its final hidden states for ``--lm-rows``
 training pairs are a kNN-LM datastore (``knn_lm.build_datastore``, one key per scored byte, exact L2 search).
@@ -60,7 +60,7 @@ def timed(fn, repeats: int) -> tuple[list[float], object]:
 
 def lm_section(a) -> dict:
     """Held-out loss and perplexity of a small LM alone, with kNN-LM retrieval, and of the unigram baseline."""
-    m = 32  # bytes per chunk: rows are [c_i, c_(i+1)], the second chunk scored (lesson 21's M_CHUNK)
+    m = 32  # bytes per chunk: rows are [c_i, c_(i+1)], the second chunk scored (lesson 24's M_CHUNK)
     t0 = time.perf_counter()
     train_rows, _ = chunk_pairs(load_documents("kjv", "train"), m)  # (n, 2m)
     train_rows = train_rows[torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(0))]
@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-rows", type=int, default=4096, help="training chunk pairs in the datastore (32 keys each)")
     ap.add_argument("--lm-eval", type=int, default=200, help="held-out chunk pairs (32 scored bytes each)")
-    ap.add_argument("--lam", type=float, default=0.25, help="kNN-LM lambda (lesson 21's, fixed before any run)")
+    ap.add_argument("--lam", type=float, default=0.25, help="kNN-LM lambda (lesson 24's, fixed before any run)")
     ap.add_argument("--knn-k", type=int, default=16)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

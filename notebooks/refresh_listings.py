@@ -1,7 +1,7 @@
 """Refresh the source listings that lessons print with ``llmedu.show(...)`` after the library changes.
 
     python notebooks/refresh_listings.py                  # every lesson
-    python notebooks/refresh_listings.py notebooks/10_data_parallel.ipynb
+    python notebooks/refresh_listings.py notebooks/11_data_parallel.ipynb
     python notebooks/refresh_listings.py --check          # exit 1 if a saved listing is out of date
 
 A lesson committed in full mode can take an hour to execute again; its ``show`` cells only print the

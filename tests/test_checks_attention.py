@@ -1,4 +1,4 @@
-"""Graders of lessons 15 and 16: each passes the right answer and fails a plausible wrong one."""
+"""Graders of lessons 17 and 18: each passes the right answer and fails a plausible wrong one."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The graders of lessons 09-10 (llmedu.checks.collectives) pass our answers and fail wrong ones."""
+"""The graders of lessons 10-11 (llmedu.checks.collectives) pass our answers and fail wrong ones."""
 
 import torch
 import torch.distributed as dist

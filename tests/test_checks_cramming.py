@@ -1,4 +1,4 @@
-"""Lesson 22's exercise graders: each passes a right answer and fails plausible wrong ones.
+"""Lesson 25's exercise graders: each passes a right answer and fails plausible wrong ones.
 
 (``check_pack``, ``check_sparse_mlm_loss`` and ``check_parse_budget`` are tested in test_cramming.py.)
 """

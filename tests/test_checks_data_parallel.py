@@ -1,4 +1,4 @@
-"""The graders of lesson 10 (llmedu.checks.data_parallel) pass the right answers and fail plausible wrong ones."""
+"""The graders of lesson 11 (llmedu.checks.data_parallel) pass the right answers and fail plausible wrong ones."""
 
 from llmedu.checks.data_parallel import (
     bucket_comm_time,

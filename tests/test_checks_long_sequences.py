@@ -1,4 +1,4 @@
-"""The graders of lesson 18 (llmedu.checks.long_sequences) pass our answers and fail plausible wrong ones."""
+"""The graders of lesson 20 (llmedu.checks.long_sequences) pass our answers and fail plausible wrong ones."""
 
 import numpy as np
 import torch

@@ -1,4 +1,4 @@
-"""The graders of lesson 19 (llmedu.checks.moe) pass our answers and fail plausible wrong ones."""
+"""The graders of lesson 21 (llmedu.checks.moe) pass our answers and fail plausible wrong ones."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The graders of lessons 11 to 13 pass the right answer and fail a plausible wrong one."""
+"""The graders of lessons 12 to 14 pass the right answer and fail a plausible wrong one."""
 
 from llmedu.checks import parallel as checks
 from llmedu.parallel.mesh import rank_of

@@ -1,4 +1,4 @@
-"""The graders of lesson 11 (llmedu.checks.tensor_parallel) pass the right answers and fail plausible wrong
+"""The graders of lesson 12 (llmedu.checks.tensor_parallel) pass the right answers and fail plausible wrong
 ones; the references for all-reduce calls and per-rank parameters are checked against the real model."""
 
 import torch

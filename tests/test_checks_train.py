@@ -1,4 +1,4 @@
-"""The graders of lessons 06-08 pass the reference solutions and fail typical mistakes."""
+"""The graders of lessons 06-09 pass the reference solutions and fail typical mistakes."""
 
 import torch
 
@@ -62,7 +62,7 @@ def test_token_accumulate_grader():
     assert not check_token_accumulate(padding_counted)
 
 
-# -- lesson 08: the understanding exercises ----------------------------------------------------------
+# -- lesson 09: the understanding exercises ----------------------------------------------------------
 def test_token_weights_grader(capsys):
     from llmedu.checks.train import check_token_weights
 

@@ -1,4 +1,4 @@
-"""The measurement helpers of lesson 20's table: bytes, the int8 embedding, pruned copies, the Pareto front."""
+"""The measurement helpers of lesson 22's table: bytes, the int8 embedding, pruned copies, the Pareto front."""
 
 import copy
 import statistics

@@ -1,4 +1,4 @@
-"""Fast mode's base for lesson 20: lesson 17's shipped LoRA adapter merged into all-MiniLM-L6-v2.
+"""Fast mode's base for lesson 22: lesson 19's shipped LoRA adapter merged into all-MiniLM-L6-v2.
 
 Nothing is trained: the test checks the file against its record (a flipped byte is refused before it is
 read), that the merged model is a plain classifier computing what the adapter computes, and its accuracy on

@@ -1,4 +1,4 @@
-"""Lesson 20's whole-model quantization rows: LLM.int8, SmoothQuant (W8A8) and GPTQ/RTN (4-bit, packed)."""
+"""Lesson 22's whole-model quantization rows: LLM.int8, SmoothQuant (W8A8) and GPTQ/RTN (4-bit, packed)."""
 
 import copy
 import math

@@ -96,7 +96,7 @@ def test_the_runs_must_be_the_studys_own(tiny_cramming_run, tmp_path):
 
 
 def test_the_recorded_five_seed_studies_extend_the_three_seed_ones():
-    """Lesson 22's five-seed files: the first three seeds and everything else are the recorded studies', the
+    """Lesson 25's five-seed files: the first three seeds and everything else are the recorded studies', the
     hour's control is the half-hour's (borrowed), and the gaps read as the lesson says."""
     from llmedu.cramming.studies.report import RECORDED, RECORDED_FIVE_SEEDS, RECORDED_HOUR, headline, load_study
 

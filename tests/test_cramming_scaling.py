@@ -102,7 +102,7 @@ def test_evaluations_are_placed_so_every_curve_reaches_below_the_common_token_co
         plan_evaluations({"a": 1.0}, {"a": 10}, 0)
 
 
-def test_the_names_lesson_22_imports_from_scaling_are_still_there():
+def test_the_names_lesson_25_imports_from_scaling_are_still_there():
     for name in ("GRIDS", "check_grid", "parameter_counts", "GridEntry", "parse_entry", "BASES", "PARAM_TOLERANCE"):
         assert getattr(scaling, name) is getattr(scaling_grid, name)
     for name in ("plan_evaluations", "probe_tokens_per_s", "StudyBudget"):

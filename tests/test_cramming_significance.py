@@ -24,7 +24,7 @@ def test_the_table_quantiles():
 
 
 def test_paired_gap_by_hand():
-    gaps = [0.022, 0.019, 0.073]  # lesson 22's hour, per seed
+    gaps = [0.022, 0.019, 0.073]  # lesson 25's hour, per seed
     r = paired_gap(gaps)
     mean, std = sum(gaps) / 3, math.sqrt(sum((g - sum(gaps) / 3) ** 2 for g in gaps) / 2)
     assert r["mean"] == pytest.approx(mean) and r["std"] == pytest.approx(std)

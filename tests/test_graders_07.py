@@ -1,4 +1,4 @@
-"""Lessons 07 and 07b's graders: each passes a right answer, and fails a plausible wrong value and a
+"""Lessons 07 and 08's graders: each passes a right answer, and fails a plausible wrong value and a
 right value computed the wrong way (running what the exercise asks to predict, or calling the library)."""
 
 import math
@@ -147,7 +147,7 @@ def test_skipped_steps():
     assert torch.amp.GradScaler("cpu").get_scale() == 2.0**16  # the grader put GradScaler back
 
 
-# -- lesson 07b, exercise 3: the share of a normal tensor that an fp8 cast sends to 0 --------------
+# -- lesson 08, exercise 3: the share of a normal tensor that an fp8 cast sends to 0 --------------
 def underflow_by_formula(std, fmt, scale):
     half_smallest = FORMATS[fmt].min_subnormal / 2  # below it (and at it: a tie to even) the cast gives 0
     return math.erf(half_smallest / (scale * std * math.sqrt(2)))
@@ -169,7 +169,7 @@ def test_fp8_underflow():
     assert not wrong_way and "without sampling or casting a tensor" in wrong_way.failure
 
 
-# -- lesson 07b, exercise 1: find the bug in an AdamW step -------------------------------------------
+# -- lesson 08, exercise 1: find the bug in an AdamW step -------------------------------------------
 def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, bias2_beta=None):
     param = param * (1 - lr * weight_decay)
     exp_avg = beta1 * exp_avg + (1 - beta1) * grad
@@ -245,7 +245,7 @@ def test_adamw_fix_lists_the_wrong_ways():
         assert not result and "fix the given code instead" in result.failure
 
 
-# -- lesson 07b, exercise 2: AdamW8bit's state bytes, counted -----------------------------------------
+# -- lesson 08, exercise 2: AdamW8bit's state bytes, counted -----------------------------------------
 def state_bytes_counted(numel, block_size, min_8bit_size):
     if numel < min_8bit_size:
         return 8 * numel + 4  # fp32 m and v, and the step counter

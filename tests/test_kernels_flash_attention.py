@@ -276,7 +276,7 @@ def test_bad_input_is_a_clear_error(shapes, kw, error):
         flash_attention(q, k, v, **kw)
 
 
-# -- the graders of lesson 15 ---------------------------------------------------------------------------
+# -- the graders of lesson 17 ---------------------------------------------------------------------------
 def test_graders_pass_right_answers_and_fail_wrong_ones():
     from llmedu.checks.attention import check_online_logsumexp, check_tiled_attention
 

@@ -16,14 +16,14 @@ NOT_YET_DISTILLED = {
     "02_position_encodings",
     "04_attention_variants",
     "05_transformer_from_scratch",
-    "08_accumulation_and_recomputation",
-    "09_collectives",
-    "12_pipeline_parallel",
-    "17_peft",
-    "18_long_sequences",
-    "19_mixture_of_experts",
-    "21_retrieval",
-    "22_capstone_cramming",
+    "09_accumulation_and_recomputation",
+    "10_collectives",
+    "13_pipeline_parallel",
+    "19_peft",
+    "20_long_sequences",
+    "21_mixture_of_experts",
+    "24_retrieval",
+    "25_capstone_cramming",
 }
 
 

@@ -78,7 +78,7 @@ def test_readme_says_the_mode_each_lesson_is_committed_in(notebook):
 
 @pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 def test_no_lesson_leaves_a_temporary_folder_behind(notebook):
-    """tempfile.mkdtemp is never removed: lesson 22 left its run folders in /tmp at every run (1.3 GB of
+    """tempfile.mkdtemp is never removed: lesson 25 left its run folders in /tmp at every run (1.3 GB of
     checkpoints in full mode). A lesson opens a TemporaryDirectory in a `with` block, or holds one and calls
     its cleanup(): its finalizer alone does not run when the kernel is killed, as nbval kills it."""
     cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]

@@ -267,7 +267,7 @@ def test_a_request_larger_than_the_cache_is_refused():
         ContinuousBatcher(model, num_blocks=4, block_size=4).run([Request([1] * 10, max_new_tokens=10)], progress=False)
 
 
-# -- the graders of lesson 16 ---------------------------------------------------------------------------
+# -- the graders of lesson 18 ---------------------------------------------------------------------------
 def test_graders_pass_right_answers_and_fail_wrong_ones():
     from llmedu.checks.attention import check_gather_kv, check_slot_of
     from llmedu.inference import gather_kv

@@ -240,7 +240,7 @@ def test_timing_is_optional_and_changes_nothing_it_times():
 
 
 def test_the_algorithm_methods_do_no_timing():
-    """What a student reads in lesson 10 (llmedu.show) is the algorithm alone: no log calls inside it."""
+    """What a student reads in lesson 11 (llmedu.show) is the algorithm alone: no log calls inside it."""
     import inspect
 
     for method in (

@@ -96,7 +96,7 @@ def test_a_noisy_sharing_probe_is_repeated_then_refused(monkeypatch):
 
 def test_a_message_timed_faster_than_no_message_is_probed_again_then_refused(monkeypatch):
     """On a busy machine the matmul alone can read slower than matmul + all-reduce: a negative message time,
-    which used to stop the probe (and lesson 13) with sharing_from's ValueError on its inputs. It is noise
+    which used to stop the probe (and lesson 14) with sharing_from's ValueError on its inputs. It is noise
     like a speed above the cores': probed again with twice the repeats, and refused after the last attempt."""
     import importlib
 

@@ -1,4 +1,4 @@
-"""Lesson 14's apparatus (``llmedu.parallel.zero_study``): the check pads every unit and agrees with one process
+"""Lesson 15's apparatus (``llmedu.parallel.zero_study``): the check pads every unit and agrees with one process
 and torch's peers; the measurement's counts follow the formulas, Offload's peak is the device's alone, and the
 bytes sent are DDP's (ZeRO-3: 1.5 times)."""
 

@@ -1,4 +1,4 @@
-"""Grader for lesson 07b's find-the-bug exercise: one AdamW step, fixed by hand.
+"""Grader for lesson 08's find-the-bug exercise: one AdamW step, fixed by hand.
 
 check_adamw_fix(fn)    ``llmedu.checks.optim.check_adamw_step`` on ``fn``, with two changes: an answer that
                        enters a library AdamW step (``adamw_update_``, ``AdamW``, ``torch.optim.AdamW``;

@@ -1,4 +1,4 @@
-"""Graders for lessons 15 (FlashAttention) and 16 (PagedAttention).
+"""Graders for lessons 17 (FlashAttention) and 16 (PagedAttention).
 
 check_online_logsumexp(fn)   fn(x, block) -> logsumexp over the last dim, reading `block` columns at a time
 check_tiled_attention(fn)    fn(q, k, v, block) -> softmax(q k^T / sqrt(D)) v, tile by tile

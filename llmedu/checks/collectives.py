@@ -1,4 +1,4 @@
-"""Graders for lessons 09 (collectives) and 10 (data parallelism).
+"""Graders for lessons 10 (collectives) and 10 (data parallelism).
 
 ``check_tree_schedule``, ``check_ring_all_reduce_bytes``, ``check_assign_buckets`` and
 ``check_hidden_communication`` run in this process; ``check_ring_all_reduce`` starts three real processes (a few seconds) and compares

@@ -1,4 +1,4 @@
-"""Graders for lesson 20, compression.
+"""Graders for lesson 22, compression.
 
 check_nf4_bytes(fn)            fn(n_params, block, double_quant) -> bytes of a 4-bit block-quantized tensor:
                                n/2 bytes of codes + one fp32 scale per block, or with double quantization

@@ -1,4 +1,4 @@
-"""Graders for lesson 22, the capstone (Cramming): packing, sparse prediction, the budget, passes, the protocol, the study.
+"""Graders for lesson 25, the capstone (Cramming): packing, sparse prediction, the budget, passes, the protocol, the study.
 
 check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
                                stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding

@@ -2,7 +2,7 @@
 
 check_bucket_comm_time(fn)      fn(sizes, bucket_bytes, world_size, alpha, bandwidth) -> seconds of
                                 all-reduce per step: one ring all-reduce per bucket (``assign_buckets``),
-                                each 2(N-1) alpha + 2(N-1)/N bytes / bandwidth (lesson 09's alpha-beta model)
+                                each 2(N-1) alpha + 2(N-1)/N bytes / bandwidth (lesson 10's alpha-beta model)
 check_launch_order(fn)          fn(ready, buckets) -> for each bucket, how many gradients were ready when
                                 DDP launched it: a bucket goes when it is full AND every earlier bucket
                                 has gone (the rule that keeps the ranks' all-reduces paired)

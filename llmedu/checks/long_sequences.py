@@ -1,4 +1,4 @@
-"""Graders for lesson 18 (long sequences: sequence parallelism and ring attention).
+"""Graders for lesson 20 (long sequences: sequence parallelism and ring attention).
 
 check_sp_activation_bytes(fn)   fn(s, b, h, a, t) -> bytes one rank saves per layer under Megatron-SP (paper's count)
 check_zigzag_chunks(fn)         fn(rank, world) -> the chunk indices (of 2N) that rank holds under zig-zag

@@ -1,7 +1,7 @@
-"""Graders for lessons 11 (tensor parallel), 12 (pipeline parallel) and 13 (3D parallelism).
+"""Graders for lessons 12 (tensor parallel), 12 (pipeline parallel) and 13 (3D parallelism).
 
 All run in this process, in a fraction of a second: the "ranks" of the tensor-parallel exercises are
-the pieces of a split matrix, multiplied one after the other. Lesson 13's graders fail a function that asks
+the pieces of a split matrix, multiplied one after the other. Lesson 14's graders fail a function that asks
 ``llmedu.checks`` for the answer (its reference functions, such as ``nodes_spanned`` or ``cross_node_traffic``):
 they record every call into the graders' files while the learner's function runs.
 """
@@ -180,7 +180,7 @@ def check_rank_of(fn: Callable[[int, int, int, tuple], int]) -> CheckResult:
     return g.result()
 
 
-# -- lesson 13: where a mesh's groups sit on nodes, and what a missing mean does --------------------------------
+# -- lesson 14: where a mesh's groups sit on nodes, and what a missing mean does --------------------------------
 KINDS = ("dp", "tp", "pp")
 CHECKS = Path(__file__).resolve().parent
 GRADING = CHECKS / "core.py"  # the Grader itself, which runs the learner's function

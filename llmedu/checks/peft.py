@@ -1,4 +1,4 @@
-"""Graders for lesson 17, parameter-efficient fine-tuning.
+"""Graders for lesson 19, parameter-efficient fine-tuning.
 
 check_lora_forward(fn)        fn(x, weight, bias, A, B, alpha) -> W0 x + b + (alpha / r) B A x, the LoRA layer
                               (Hu et al. 2021, eq. 3); r is read from A's shape
@@ -6,7 +6,7 @@ check_lora_merge(fn)          fn(weight, A, B, alpha) -> the merged weight W0 + 
                               compute what the unmerged layer computes
 check_prefix_parameters(fn)   fn(n_virtual, n_layers, n_kv_heads, head_dim) -> trainable parameters of
                               prefix tuning without the MLP: a key and a value per virtual token and layer
-check_lora_parameters(fn)     fn(r, n_layers, d_model, n_labels) -> trainable parameters of lesson 17's LoRA
+check_lora_parameters(fn)     fn(r, n_layers, d_model, n_labels) -> trainable parameters of lesson 19's LoRA
                               row: LoRA on query and value of every layer of a BERT, plus the new classifier
                               head, counted on a real model of each size
 check_lora_switch(fn)         fn(w_merged, A1, B1, A2, B2, alpha) -> the weight that serves adapter 2 from a

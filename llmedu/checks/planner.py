@@ -1,6 +1,6 @@
-"""Graders for lesson 14b: the cost model and the planner.
+"""Graders for lesson 16: the cost model and the planner.
 
-Lesson 14b's exercises (each fails a function that asks ``llmedu.planner`` for the answer: the grader
+Lesson 16's exercises (each fails a function that asks ``llmedu.planner`` for the answer: the grader
 records every call into the planner's files while the learner's function runs):
 
 check_all_reduce_on_cluster(fn)
@@ -34,7 +34,7 @@ __all__ = [
     "draw_scenarios",
 ]
 
-# -- lesson 14b: the cost model by hand -------------------------------------------------------------------------
+# -- lesson 16: the cost model by hand -------------------------------------------------------------------------
 PLANNER = Path(__file__).resolve().parents[1] / "planner"
 
 

@@ -1,4 +1,4 @@
-"""Graders for lessons 07 and 07b: accumulation, number formats, loss scaling, fp8 casts, AdamW, 8-bit state.
+"""Graders for lessons 07 and 08: accumulation, number formats, loss scaling, fp8 casts, AdamW, 8-bit state.
 
 check_stall_point(fn)           fn(value, dtype) -> where a running sum of dtype(value), kept in
                                 dtype, stops growing (bf16, fp16, fp32; ties included)

@@ -1,4 +1,4 @@
-"""Graders for lesson 21, retrieval.
+"""Graders for lesson 24, retrieval.
 
 check_pq_code_bytes(fn)        fn(d, M, nbits) -> (bytes of one packed PQ code, compression ratio against the
                                float32 vector): Jegou et al. 2011

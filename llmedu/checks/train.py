@@ -1,4 +1,4 @@
-"""Graders for lessons 06-08: the memory of training, loss scaling, accumulation, recomputation.
+"""Graders for lessons 06-09: the memory of training, loss scaling, accumulation, recomputation.
 
 check_adam_state_bytes(fn)    fn(n_params, mixed) -> {parameters, gradients, optimizer} bytes with Adam:
                               4/4/8 per parameter in fp32, 2/2/12 in mixed precision (ZeRO sec. 3.1)
@@ -11,7 +11,7 @@ check_token_accumulate(fn)    fn(model, token_losses, micro_batches) leaves in .
                               loss over every real token of every micro-batch, when the micro-batches hold
                               different numbers of tokens (padding)
 
-Lesson 08, understanding rather than retyping:
+Lesson 09, understanding rather than retyping:
 check_token_weights(fn)       fn(token_counts) -> for each micro-batch, the weight the mean of per-micro-batch
                               means gives one of its tokens, relative to the mean over all tokens
 check_best_segment(fn)        fn(n_layers, c) -> (k, peak): the segment length k (a divisor of n_layers) whose
@@ -177,7 +177,7 @@ def check_token_accumulate(fn) -> CheckResult:
     return g.result()
 
 
-# -- lesson 08: understanding --------------------------------------------------------------------------
+# -- lesson 09: understanding --------------------------------------------------------------------------
 def check_token_weights(fn) -> CheckResult:
     """``fn(token_counts)``: (1 / (k n_i)) / (1 / N) = N / (k n_i) for each micro-batch i."""
     g = Grader("check_token_weights")

@@ -208,7 +208,7 @@ def _best_time(job: Job) -> float | None:
 
 
 # Each reasoning that leaves a term out picks a slower or an impossible step in at least one of these
-# (tests/test_graders_14.py names which). The fastest choice, and the runner-up:
+# (tests/test_graders_15.py names which). The fastest choice, and the runner-up:
 _GB = 1e9
 _CHOICE_CASES = [
     Job(13e9, 13e9 / 80, 64, 80 * _GB, 200 * _GB, 32, 2.5 * _GB, 0.02),  # stage 1, G = 4; stage 2, G = 2

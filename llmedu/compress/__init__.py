@@ -17,7 +17,7 @@ distillation  soft targets (T^2 KL), hidden-state and attention transfer, Distil
 pruning       magnitude, N:M (2:4) masks, head importance and removal (Han et al. 2015; Mishra et al. 2021;
               Michel et al. 2019)
 finetuned, baselines, compare, rows_quant
-              lesson 20's base model (cached by recipe hash), its majority-class and TF-IDF baselines,
+              lesson 22's base model (cached by recipe hash), its majority-class and TF-IDF baselines,
               the one-table measurement of bytes, latency and accuracy, and the whole-model LLM.int8,
               SmoothQuant and GPTQ/RTN builders of its quantized rows
 """

@@ -1,4 +1,4 @@
-"""The baselines every table of lessons 20 and 20b stands beside: the majority class and TF-IDF + logistic regression.
+"""The baselines every table of lessons 22 and 23 stands beside: the majority class and TF-IDF + logistic regression.
 
 TF-IDF (Salton & Buckley 1988): a document is the vector of its words' counts times
 idf(w) = log((1 + N) / (1 + df(w))) + 1 (the smoothed form scikit-learn uses), scaled to unit l2 norm.

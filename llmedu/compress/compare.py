@@ -1,4 +1,4 @@
-"""One table for lesson 20: every compression method applied to the same fine-tuned model, measured alike.
+"""One table for lesson 22: every compression method applied to the same fine-tuned model, measured alike.
 
 Each row is a model made from the fine-tuned base (``finetuned.py``) and measured three ways:
 

@@ -1,4 +1,4 @@
-"""The one model that lesson 20 compresses: all-MiniLM-L6-v2 fine-tuned on Rotten Tomatoes, made once.
+"""The one model that lesson 22 compresses: all-MiniLM-L6-v2 fine-tuned on Rotten Tomatoes, made once.
 
 Every row of the compression table (quantized, distilled, pruned) starts from the same weights, so
 they are made by one short, seeded recipe (``Recipe``) and kept in the data cache as safetensors,
@@ -8,7 +8,7 @@ A changed recipe is a new file; an altered or truncated file fails its recorded 
 
 Also here, because every method needs them: the tokenizer, the two splits encoded as padded batches
 (``Batches``), and ``accuracy``. The model is ``transformers``' ``BertForSequenceClassification`` (a
-new 2-way head on the pooled ``[CLS]`` state), the same one lesson 17 fine-tunes.
+new 2-way head on the pooled ``[CLS]`` state), the same one lesson 19 fine-tunes.
 
 How fast it learns (measured here, lr 5e-5, batch 32, on 320 validation snippets): 56% after 20 steps,
 72% after 40, 76% after 60 (the majority class: 53% of the whole split). The head reads the pooled
@@ -17,7 +17,7 @@ the mean over tokens: ``1_Pooling/config.json``), so a short run first learns th
 
 Fast mode trains nothing: the full model (22.7M parameters, 91 MB in fp32) is too large to commit, so
 when ``Recipe()``'s model is not cached, ``lesson_base`` returns ``SHIPPED``: all-MiniLM-L6-v2 with
-lesson 17's shipped LoRA adapter (r=8 on query and value, and the 2-way head: 301 kB in
+lesson 19's shipped LoRA adapter (r=8 on query and value, and the 2-way head: 301 kB in
 ``data/adapters/``, 80.6% on the 1,285 validation snippets) merged into its weights, a plain
 ``BertForSequenceClassification`` again. ``llmedu.peft.shipped.load_shipped`` checks the file's size and
 sha256 against its record before reading it as safetensors; ``python -m llmedu.peft.shipped
@@ -25,7 +25,7 @@ rotten_tomatoes_lora`` rebuilds it. It is a fine-tuned model of the same archite
 by another method (a rank-8 update of 12 matrices, not every weight), so only full mode's numbers are
 the lesson's results; ``lesson_base`` says which base it returns.
 
-Left out: a learning-rate search (the rate is lesson 17's full fine-tuning rate) and evaluation during
+Left out: a learning-rate search (the rate is lesson 19's full fine-tuning rate) and evaluation during
 training. Re-running a recipe on other hardware gives weights equal to a float tolerance, not bitwise.
 """
 
@@ -65,7 +65,7 @@ class Recipe:
     steps: int = 360  # optimizer steps (360 x 32 = one pass over the 11.5k training snippets)
     batch_size: int = 32
     max_len: int = 64  # tokens; a batch is padded to its longest snippet, at most this
-    lr: float = 5e-5  # AdamW, constant (lesson 17's full fine-tuning rate)
+    lr: float = 5e-5  # AdamW, constant (lesson 19's full fine-tuning rate)
     seed: int = 0
     method: ClassVar[str] = "full fine-tuning"  # not a field: not part of the key
 
@@ -77,7 +77,7 @@ class Recipe:
 
 @dataclass(frozen=True)
 class ShippedRecipe:
-    """How fast mode's base was made: lesson 17's LoRA recipe (``llmedu.peft.shipped.RECIPE``), merged."""
+    """How fast mode's base was made: lesson 19's LoRA recipe (``llmedu.peft.shipped.RECIPE``), merged."""
 
     adapter: str = "rotten_tomatoes_lora"  # in data/adapters/
     steps: int = 720  # two passes of 32 snippets over the training split
@@ -167,7 +167,7 @@ def is_cached(recipe: Recipe) -> bool:
 
 
 def lesson_base(fast: bool, verbose: bool = True):
-    """(model, recipe) for lesson 20 and the benchmark: ``Recipe()``'s model when it is cached or
+    """(model, recipe) for lesson 22 and the benchmark: ``Recipe()``'s model when it is cached or
     ``fast`` is False (then it is trained), else the shipped one (``SHIPPED``); ``verbose`` prints which."""
     if not fast or is_cached(Recipe()):
         recipe, model = Recipe(), None

@@ -17,7 +17,7 @@ The float part is the float matmul on those columns, nothing less; the tests che
 dequantizes only the outlier columns it needs, as bitsandbytes does.
 
 With ``threshold = math.inf`` no column is ever an outlier: ``LLMInt8Linear`` is then plain vector-wise int8
-(per-token activations, per-output-row weights) and skips the search and the split, so that a row of lesson 20's
+(per-token activations, per-output-row weights) and skips the search and the split, so that a row of lesson 22's
 table isolates what the float columns buy, in error and in time.
 
 ``outlier_features`` measures the outliers of a real model: it hooks every ``nn.Linear`` and records

@@ -201,7 +201,7 @@ def compare_on_rotten_tomatoes(
     encoder linear in NF4. Returns method -> {accuracy, encoder_linear_mib (the base linear weights),
     model_mib, peak_step_mib (one measured training step), step_s, trainable, final_loss}, plus
     "majority class" -> {accuracy}. 720 steps of 32 = two epochs. ``methods`` may also hold "LoRA fp32"
-    (lesson 17's setting: everything in fp32).
+    (lesson 19's setting: everything in fp32).
     """
     from ..memory.tracker import MemoryTracker
     from ..peft.inject import count_parameters

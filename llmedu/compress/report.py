@@ -1,4 +1,4 @@
-"""How lessons 20 and 20b print and draw their tables of ``compare.Row``: one format for both.
+"""How lessons 22 and 23 print and draw their tables of ``compare.Row``: one format for both.
 
 ``print_rows`` prints method, bits or sparsity, MB, size against fp32, latency (each row's own median
 and its median ratio to fp32 over the pairs, with the smallest and largest pair ratio), accuracy with

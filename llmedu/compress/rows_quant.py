@@ -1,4 +1,4 @@
-"""Lesson 20's whole-model quantization rows beyond plain int8 and NF4: LLM.int8, SmoothQuant, GPTQ and RTN.
+"""Lesson 22's whole-model quantization rows beyond plain int8 and NF4: LLM.int8, SmoothQuant, GPTQ and RTN.
 
 ``compare.py`` builds the table's other rows; the methods here need more than a model: a threshold, or
 calibration text. Each builder returns a new model (the base is left alone) made of the layers that

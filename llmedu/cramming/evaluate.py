@@ -1,7 +1,7 @@
 """The fair downstream protocol: dev-chosen rates, held-out test scores, seeds, label curves.
 
 Cramming fine-tunes every model with one fixed setting (Geiping & Goldstein 2022, sec. 5); lesson
-22 found that this is unfair to the random-init control, which needs a higher rate. The usual
+25 found that this is unfair to the random-init control, which needs a higher rate. The usual
 remedy (Devlin et al. 2019, sec. 4.1 and appendix A.3: "we selected the best fine-tuning learning
 rate on the Dev set") gives every model the same small sweep and lets the dev split choose:
 

@@ -16,7 +16,7 @@ False`` in their ``bert-o4`` settings), so their fine-tuning, in train mode, has
 ``FIXED`` (lr 1e-4, batch 32, linear decay) is the course's setting, chosen before any comparison was
 run; ``AUTHORS`` is the authors' own GLUE setting (``eval/GLUE_sane.yaml``: lr 4e-5, batch 16, cosine
 decay). ``SETTINGS`` names both. ``--lr`` and ``--batch-size`` of the command line override either, to
-study how the comparison depends on them (lesson 18).
+study how the comparison depends on them (lesson 20).
 
 Left out: GLUE's other tasks and its test server, sentence-pair tasks, and the paper's averaging
 over several fine-tuning seeds.

@@ -15,7 +15,7 @@ land. Conventions:
   both directions together, as the vendors print it; ``link`` says how far that fast domain reaches
   and what joins the domains, with ``link_source``.
 
-What is left out: link latency and topology effects (lessons 09-14 measure collectives), power,
+What is left out: link latency and topology effects (lessons 10-15 measure collectives), power,
 price, fp8/int8 figures.
 """
 

@@ -14,7 +14,7 @@ Reading K and V through the table, two ways:
 
 * ``paged_attention_blockwise`` reads K/V block by block through the table, as vLLM's kernel does
   (sec. 4.1): one block per sequence at a time, as a GPU kernel loads a block into on-chip memory. Ours
-  folds each block into the output with the online softmax of FlashAttention (lesson 15); vLLM's
+  folds each block into the output with the online softmax of FlashAttention (lesson 17); vLLM's
   paged_attention_v1 instead keeps the sequence's scores in shared memory, takes their max and sum, and
   makes a second pass over the value blocks. Either way the whole context is never assembled in one tensor.
 * ``gather_kv`` copies a batch's blocks into one contiguous (B, H_kv, T, D) tensor, and

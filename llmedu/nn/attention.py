@@ -12,7 +12,7 @@
   set to the most negative finite float, not -inf, so that a fully masked row gives no NaN.
 
 ``math_attention`` below is the equation, step by step. Every attention *function* of the course
-(it, PyTorch's fused ``sdpa_attention``, lesson 15's flash attention) has the signature
+(it, PyTorch's fused ``sdpa_attention``, lesson 17's flash attention) has the signature
 
     fn(q, k, v, causal: bool, attn_mask) -> out
         q (B, H, Tq, D); k, v (B, H_kv, Tk, D); out (B, H, Tq, D)
@@ -27,7 +27,7 @@ of this file ("math", "sdpa"; ``import llmedu.kernels`` adds "flash"), and anoth
     set_attention(model, "mine")     # or TransformerConfig(attn_impl="mine") before building
 
 The KV cache that decoding passes in as ``cache=`` is in ``kv_cache.py``: anything with the members of
-``KVCacheLike`` will do: the contiguous ``KVCache``, a batch of lesson 16's paged cache, lesson 17's
+``KVCacheLike`` will do: the contiguous ``KVCache``, a batch of lesson 18's paged cache, lesson 19's
 learned prefix.
 
 Left out: dropout on the attention probabilities and cross-attention.

@@ -15,8 +15,8 @@ new tokens' positions, the width of the attention mask), and ``Attention.forward
 once per layer, layer 0 first. Three classes implement the protocol:
 
     KVCache       (here) one contiguous tensor per keys and values, allocated for ``max_len`` tokens
-    PagedBatch    (llmedu.inference.paged_attention) a batch of sequences of a paged cache (lesson 16)
-    PrefixCache   (llmedu.peft.prompt) a learned prefix; ``first_position`` is 0 or P (lesson 17)
+    PagedBatch    (llmedu.inference.paged_attention) a batch of sequences of a paged cache (lesson 18)
+    PrefixCache   (llmedu.peft.prompt) a learned prefix; ``first_position`` is 0 or P (lesson 19)
 
 ``first_position`` differs from ``length`` only for a past that is not text: a learned prefix may
 keep the real tokens at positions 0..T-1. A ``typing.Protocol`` is structural: a class implements

@@ -12,7 +12,7 @@ Where the norm sits (pre-LN, post-LN, sandwich, DeepNorm) is the block's busines
 ``llmedu.nn.blocks``. ``fused=True`` computes the same maths with torch's one-kernel
 ``F.layer_norm`` / ``F.rms_norm``: the written-out forward launches about six elementwise kernels
 and autograd saves their intermediates, which costs time and memory where the matmuls are small
-(lesson 22, the capstone, measures it). Left out: the encoder-decoder constants of DeepNorm.
+(lesson 25, the capstone, measures it). Left out: the encoder-decoder constants of DeepNorm.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def merge_partial_attention(o1, lse1, o2, lse2) -> tuple[torch.Tensor, torch.Ten
 
     o_i (..., T, D) = softmax(S_i) V_i and lse_i (..., T) = logsumexp(S_i) over key block i. The whole
     softmax weighs block i by its share of the total mass, exp(lse_i - lse) with lse = log(e^lse1 + e^lse2):
-    the identity the ring's online softmax applies one block at a time (lesson 15). A block with no
+    the identity the ring's online softmax applies one block at a time (lesson 17). A block with no
     visible key (lse = -inf) gets weight 0.
     """
     lse = torch.logaddexp(lse1, lse2)  # (..., T)

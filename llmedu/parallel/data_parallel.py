@@ -256,7 +256,7 @@ def _describe(entry: tuple | None) -> str:
     return f"{kind} {name!r} of shape {shape}, {dtype}{'' if requires_grad or kind == 'buffer' else ', frozen'}"
 
 
-# -- timing for lesson 10's timelines, installed from outside the methods above ---------------------------
+# -- timing for lesson 11's timelines, installed from outside the methods above ---------------------------
 def _record_spans(wrapper: _DataParallel) -> None:
     """Fill ``wrapper.log`` with spans: forward, backward (per bucket for DDP), and each communication.
 

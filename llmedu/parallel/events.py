@@ -1,4 +1,4 @@
-"""Spans of work on one rank, for the per-rank timelines of lessons 10 and 12.
+"""Spans of work on one rank, for the per-rank timelines of lessons 11 and 13.
 
 Each wrapper that computes and communicates (``DDP``, ``NaiveDataParallel``, ``Pipeline``) keeps an
 ``EventLog``: a list of spans, each a dict with the rank, the lane ("compute" or "comm"), a label,

@@ -5,7 +5,7 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m llmedu.parallel.example --layout 3d --tp 4 --pp 2
 
 Every rank trains the same byte-level GPT on Shakespeare with its own slice of each batch, in one
-of the layouts of lessons 10-14: ``ddp`` (our DDP and AdamW), ``zero1``/``zero2``/``zero3`` (our ZeRO),
+of the layouts of lessons 11-15: ``ddp`` (our DDP and AdamW), ``zero1``/``zero2``/``zero3`` (our ZeRO),
 or ``3d`` (DP x TP x PP from ``mesh.train_3d``). ``launch`` sees ``torchrun``'s environment and runs
 the worker in place; without it, it starts ``--ranks`` processes itself. The backend is gloo on
 CPUs and takes in NCCL when every rank has a GPU (then each rank trains on ``cuda:LOCAL_RANK``, except in the

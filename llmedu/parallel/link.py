@@ -3,7 +3,7 @@
 On one host, gloo moves tensors through memory, and on 2 shared CPU cores its copies compete with the
 computation they should overlap. A ``Link`` keeps the data path real and makes the time a model: every
 operation runs over gloo as usual (its results are gloo's results), and its handle completes when the
-alpha-beta model (lesson 09) says the transfer would have ended. The waiting is a sleep in a helper
+alpha-beta model (lesson 10) says the transfer would have ended. The waiting is a sleep in a helper
 thread, which uses no CPU, so it overlaps with the rank's computation as a network card or a GPU's
 copy engine would, even on 2 cores.
 

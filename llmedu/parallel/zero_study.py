@@ -1,4 +1,4 @@
-"""The apparatus of lesson 14 around ``zero.py``: the check against one process and torch's peers, and
+"""The apparatus of lesson 15 around ``zero.py``: the check against one process and torch's peers, and
 the measurement of memory and bytes per rank. Research code, kept apart from the algorithm.
 
 ``compare_with_peers``   a tiny MLP whose units do not divide by 2 trains 3 clipped steps of 2 micro-batches

@@ -1,6 +1,6 @@
 """The LoRA adapters that ship with the course: all-MiniLM-L6-v2 fine-tuned on Rotten Tomatoes.
 
-Lesson 17's fast mode cannot train a method to a useful accuracy in a minute on 2 CPU cores, so it
+Lesson 19's fast mode cannot train a method to a useful accuracy in a minute on 2 CPU cores, so it
 loads an adapter that was trained once with the lesson's own full-mode recipe (``RECIPE``: LoRA,
 Hu et al. 2021, eq. 3, on the query and value projections of all 6 layers, r=8, alpha=16, plus the new
 2-way classifier head; AdamW, two epochs of the training split) and evaluates it. Two adapters:
@@ -56,7 +56,7 @@ __all__ = [
 ADAPTER_DIR = Path(__file__).resolve().parents[2] / "data" / "adapters"
 NAMES = ("rotten_tomatoes_lora", "rotten_tomatoes_lora_inverted")
 
-RECIPE = {  # lesson 17's full mode, the "LoRA r=8" row of its table
+RECIPE = {  # lesson 19's full mode, the "LoRA r=8" row of its table
     "base": "all-minilm-l6-v2",  # llmedu.data.reference_files name; BertForSequenceClassification on top
     "layers": 6,
     "task": "rotten_tomatoes",
@@ -84,7 +84,7 @@ def recipe(name: str) -> dict:
 
 
 def load_splits() -> tuple[list[str], list[int], list[str], list[int]]:
-    """Train and validation (texts, labels), shuffled as lesson 17 does (the files are sorted by movie)."""
+    """Train and validation (texts, labels), shuffled as lesson 19 does (the files are sorted by movie)."""
     from llmedu.data import load_classification
 
     train_texts, train_labels = load_classification(RECIPE["task"], "train")

@@ -12,7 +12,7 @@ What ``memory`` and ``step_time`` predict on paper, this module runs: a small GP
 For each layout: one warm-up step, one step under ``MemoryTracker`` (the busiest rank's peak), then
 timed steps (a step's time is its slowest rank's). ``predict`` costs the same layouts with
 ``search.evaluate`` on ``probes.local_cluster`` (this machine, measured: how the ranks share it too), its compute
-efficiency calibrated on a one-process layout. ``benchmarks/bench_planner.py`` and lesson 13 use both.
+efficiency calibrated on a one-process layout. ``benchmarks/bench_planner.py`` and lesson 14 use both.
 
 Left out: sequence, context and expert parallelism (the model has them; ``mesh`` does not build them),
 ZeRO with TP or PP, interleaved schedules, offload.

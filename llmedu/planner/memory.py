@@ -6,7 +6,7 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
 
 **Memory** = model states + activations + logits + working memory, each from an earlier lesson:
 
-    states       (2 + 2 + 12) bytes per parameter held, sharded by ZeRO over dp*cp    (lesson 14; ZeRO §3.1)
+    states       (2 + 2 + 12) bytes per parameter held, sharded by ZeRO over dp*cp    (lesson 15; ZeRO §3.1)
                  held: the layers of one stage, split by tp (experts also by ep), and the embedding
     activations  per layer and micro-batch, 16-bit, Korthikanti et al. 2022 (Table 2):
                    tp = 1          sbh (34 + 5as/h)
@@ -15,7 +15,7 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
                    full recompute  2sbh (only each layer's input is kept)
                  the 5as/h term (the s x s scores) is gone with FlashAttention or selective recomputation;
                  s is the local sequence s/cp; 1F1B stage i holds min(m, pp - i) micro-batches in flight
-                 (interleaved: pp (1 + (pp-1)/(pp v)), Korthikanti et al. 2022 §4.2.3)   (lessons 06, 08, 12)
+                 (interleaved: pp (1 + (pp-1)/(pp v)), Korthikanti et al. 2022 §4.2.3)   (lessons 06, 09, 13)
     logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage, and the
                  final norm's input and output, 2 b (s/cp) h values (fp32 training: 4-byte values, 4 + 4 + 8
                  bytes of states per parameter, no dropout masks unless the model has dropout)

@@ -11,7 +11,7 @@ talking through gloo over the loopback device. What is **measured** when ``local
 * ``overheads``: the seconds per layer and per micro-batch that forward + backward cost beyond their
   FLOPs (Python launching each op), timed on a micro-batch of two tokens (``measure_overheads``);
 * ``link``: gloo's all-reduce between ``world`` processes at a few message sizes, least-squares
-  fitted to the ring model t = 2 (p - 1) alpha + 2 (p - 1) / p * n / beta (lesson 09 fits the same).
+  fitted to the ring model t = 2 (p - 1) alpha + 2 (p - 1) / p * n / beta (lesson 10 fits the same).
   The probe runs its ranks while nothing else of ours runs, so the fit includes the cost of
   processes that share cores (a step of the ring waits for a rank to be scheduled).
 

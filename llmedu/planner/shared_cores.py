@@ -1,7 +1,7 @@
 """Ranks that share one CPU: how fast each computes when all do, and what a blocking message costs them.
 
 On a GPU cluster every rank has its own accelerator: its speed does not depend on what the other ranks
-do, and a collective starts as soon as the last rank calls it. Several processes on one CPU (lesson 13's
+do, and a collective starts as soon as the last rank calls it. Several processes on one CPU (lesson 14's
 "predicted vs measured") break both, and ``bench_planner`` showed by how much: two ranks on this
 machine's two cores ran data parallelism no faster than one process, and layouts with many blocking
 collectives (ZeRO's per-layer gathers, TP's all-reduces) missed by a few ms per collective. Two terms,

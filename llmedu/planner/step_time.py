@@ -2,7 +2,7 @@
 
 ``memory`` defines a ``Layout`` (``world = dp * tp * pp * cp`` ranks, ZeRO stage, recomputation,
 micro-batch, offload) and what each rank holds; this module prices one optimizer step of it on a
-``Cluster``: the pipeline's (m + (pp-1)/v) micro-batch slots (GPipe's bubble, lesson 12) of compute +
+``Cluster``: the pipeline's (m + (pp-1)/v) micro-batch slots (GPipe's bubble, lesson 13) of compute +
 the communication on the critical path, then what of the data-parallel sync compute does not hide,
 then the optimizer step:
 
@@ -10,14 +10,14 @@ then the optimizer step:
                at ``cluster.flops`` (peak x an efficiency, stated with its source), plus the cluster's
                fixed cost of launching a layer's and a stage's ops (0 on GPUs; measured on a CPU)
     TP         4 all-reduces per layer and micro-batch (2 forward, 2 backward) of b (s/cp) h 16-bit
-               values; SP swaps each for an all-gather + reduce-scatter of the same bytes (lesson 11);
+               values; SP swaps each for an all-gather + reduce-scatter of the same bytes (lesson 12);
                and the vocabulary-parallel ends our wrapper (and Megatron-LM) adds: the embedding's
                all-reduce of b (s/cp) h values (forward, first stage), the head's (backward, last
                stage) and the loss's three of b (s/cp) fp32 numbers (last stage) (``messages.tp_collectives``)
     CP         K and V of the other cp - 1 chunks pass around the ring (forward; twice that in
                backward), overlapped with attention: only what exceeds attention's time shows
     EP         4 all-to-alls per MoE layer (dispatch and combine, forward and backward) of the top_k
-               copies of b (s/cp) h values (lesson 19)
+               copies of b (s/cp) h values (lesson 21)
     PP         one send forward and one backward per micro-batch, of b (s/cp) h values
     DP         ``messages.dp_collectives`` (counted from our wrappers), in pieces: DDP's 25 MiB buckets, ZeRO's
                units (a layer; the embedding and head together). Each hides only behind compute that runs
@@ -35,7 +35,7 @@ then the optimizer step:
                forward inside backward: 1/4 and 3/4). A piece hides behind the other pieces' compute, not
                its own (the first unit is gathered before any compute, the last bucket or unit reduced after
                all of it): k pieces of c seconds in all behind w seconds of compute expose
-               max(c/k, c - w (k-1)/k)                                                     (lessons 10, 14)
+               max(c/k, c - w (k-1)/k)                                                     (lessons 11, 15)
     optimizer  32 bytes read and written per parameter of the shard, at HBM bandwidth; offloaded:
                16-bit gradients down and weights up over PCIe, and ~28 bytes per parameter through
                host memory for the CPU's Adam (ZeRO-Offload, Ren et al. 2021), not overlapped

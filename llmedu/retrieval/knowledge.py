@@ -15,7 +15,7 @@ All text is bytes (a 256-token vocabulary), cut into rows [c_j, c_(j+1)] of two 
 context is at least m bytes long. A datastore holds one key (the LM's final hidden state) per scored
 byte of its rows.
 
-``knowledge_update`` is the experiment of lesson 21 §5: a frozen LM, a datastore of corpus A, held-out
+``knowledge_update`` is the experiment of lesson 24 §5: a frozen LM, a datastore of corpus A, held-out
 documents of a corpus B the LM never trained on; B's *other* documents are added to the datastore and
 the held-out loss is measured again. Nothing is trained, and the evaluated documents are never in the
 datastore (a shared document is an error): what is added is related text, not the answer.

@@ -35,7 +35,7 @@ folder is renamed to a hidden temporary name before it is deleted: a run killed 
 either the whole checkpoint or a leftover that the next save removes, never a half-deleted one that looks
 complete. A checkpoint that is a symlink (kept on another disk) loses only its link.
 
-Left out: sharded checkpoints (one file per rank, lesson 14), asynchronous saving.
+Left out: sharded checkpoints (one file per rank, lesson 15), asynchronous saving.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ One optimizer step, with ``k = accumulation`` micro-batches::
 
 Dividing each micro-batch's loss by k makes the summed gradient the gradient of the mean loss over
 all k micro-batches: the gradient of one k-times larger batch (when the loss is a mean over equal
-micro-batches, and no layer mixes the samples of a batch: BatchNorm does; see lesson 08).
+micro-batches, and no layer mixes the samples of a batch: BatchNorm does; see lesson 09).
 
 ``accumulation`` may also be a function ``step -> k``: a batch size that grows during training
 (Cramming's ramp: small, noisy, cheap steps first). Each step's k micro-batches are read in order,

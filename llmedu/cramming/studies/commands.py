@@ -289,7 +289,7 @@ def _vocab(args, device, parser, argv) -> dict:
 
 
 def _probe_curve(args) -> dict:
-    """The probe curve of a run folder, with lesson 22's recorded study as the reference lines where it exists."""
+    """The probe curve of a run folder, with lesson 25's recorded study as the reference lines where it exists."""
     references = study_references() if RECORDED.is_file() else None
     results = run_probe_curve(
         args.run,

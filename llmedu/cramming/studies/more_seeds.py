@@ -2,7 +2,7 @@
 
     python -m llmedu.cramming more-seeds --study study.json --runs crammed=runs/crammed --seeds 3 4 --out study.json
 
-Three seeds leave a gap of a few points hard to read: lesson 22's hour gave +3.8 +- 3.0 points over 3 seeds
+Three seeds leave a gap of a few points hard to read: lesson 25's hour gave +3.8 +- 3.0 points over 3 seeds
 (p about 0.16 with 2 degrees of freedom), half of it from one run of the control. More seeds narrow the
 spread without a second look at the dev split: each fine-tuned row keeps the rate that dev chose
 (``evaluate.protocol``'s first step), each new seed trains on the same train split and is scored on the same

@@ -1,7 +1,7 @@
 """At what budget does pretraining's advantage open? The linear probe along one run's checkpoints.
 
     results = run_probe_curve("runs/crammed", out="runs/probe_curve.json", points=8,
-                              references=study_references())         # TF-IDF and MiniLM rows of lesson 22's study
+                              references=study_references())         # TF-IDF and MiniLM rows of lesson 25's study
     print(curve_table(results)); print(curve_verdict(results)); plot_probe_curve(results)   # probe_curve_report
 
 The study (``study.py``) scores a run's *final* weights; when pretraining's lead over random init is
@@ -197,7 +197,7 @@ def run_probe_curve(
     """The linear probe at ``points`` checkpoints of run folder ``run`` (spaced in tokens; ``steps`` picks them
     instead; ``points=None`` takes all), and once on random weights; writes ``out`` (JSON) after each.
 
-    The defaults are lesson 22's recorded study (``report.RECORDED``): all three tasks, split seed 0, dev a
+    The defaults are lesson 25's recorded study (``report.RECORDED``): all three tasks, split seed 0, dev a
     tenth of train, train capped at 2,000, dev and test whole. ``seeds``: the study used (0, 1, 2), which give
     the probe three equal scores (``probe_scorer`` is seed-free), so one seed gives the same means at a third of
     the fits. ``threshold``: the gap (a fraction: 0.03 is 3 points) the verdict looks for. ``references``:

@@ -1,5 +1,5 @@
 """Reading a probe curve (``probe_curve.run_probe_curve``'s JSON): load, the study's reference rows, where the
-gap first reaches its threshold, a computed verdict, a table and a plot. Lesson 22 reads the recorded curve
+gap first reaches its threshold, a computed verdict, a table and a plot. Lesson 25 reads the recorded curve
 (``RECORDED_CURVE``) through these.
 """
 
@@ -51,7 +51,7 @@ def load_probe_curve(path) -> dict:
 
 
 def study_references(path=RECORDED, rows: Sequence[str] = REFERENCE_ROWS) -> dict[str, float]:
-    """{row: task-average accuracy} of a study's JSON (default: lesson 22's recorded run), for the plot's lines.
+    """{row: task-average accuracy} of a study's JSON (default: lesson 25's recorded run), for the plot's lines.
 
     Comparable with a curve only when the study used the same tasks and caps (``config`` of both)."""
     study = load_study(path)

@@ -1,4 +1,4 @@
-"""Reading a study's JSON (``study.run_study``): the headline, the tables and the plots of lesson 22.
+"""Reading a study's JSON (``study.run_study``): the headline, the tables and the plots of lesson 25.
 
 ``run_study`` writes one JSON: the pretraining summaries, and per task and model the rate chosen on
 dev, the test scores over seeds and the label-efficiency curve. This module turns it into what a
@@ -42,7 +42,7 @@ __all__ = [
     "plot_label_efficiency",
 ]
 
-RECORDED = Path(__file__).resolve().parents[3] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 22's run
+RECORDED = Path(__file__).resolve().parents[3] / "data" / "results" / "cramming_study_cpu_30m.json"  # lesson 25's run
 # the same protocol after an hour of pretraining (its control rows borrowed from RECORDED's)
 RECORDED_HOUR = RECORDED.with_name("cramming_study_cpu_60m.json")
 # both, with seeds 3 and 4 added to their fine-tuned rows (more_seeds.py; the control's new seeds measured once)

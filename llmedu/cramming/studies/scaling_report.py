@@ -30,7 +30,7 @@ __all__ = [
     "plot_scaling",
 ]
 
-RECORDED_SCALING = Path(__file__).resolve().parents[3] / "data" / "results" / "cramming_scaling_cpu.json"  # lesson 22
+RECORDED_SCALING = Path(__file__).resolve().parents[3] / "data" / "results" / "cramming_scaling_cpu.json"  # lesson 25
 
 
 def budget_words(budget_seconds, max_steps) -> str:

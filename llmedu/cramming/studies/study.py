@@ -72,7 +72,7 @@ REPEAT_EXAMPLES = 2  # a score measured again may differ by this many examples: 
 @dataclass(frozen=True)
 class StudyConfig:
     tasks: tuple[str, ...] = tuple(TASKS)
-    lrs: tuple[float, ...] = (1e-4, 2e-4, 4e-4, 8e-4)  # lesson 22's range: 1e-4 suits pretrained, 4e-4+ random
+    lrs: tuple[float, ...] = (1e-4, 2e-4, 4e-4, 8e-4)  # lesson 25's range: 1e-4 suits pretrained, 4e-4+ random
     seeds: tuple[int, ...] = (0, 1, 2)
     label_sizes: tuple[int | None, ...] = (100, 300, 1000, 3000, None)  # None: all the training labels
     epochs: int = FIXED.epochs

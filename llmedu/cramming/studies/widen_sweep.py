@@ -3,7 +3,7 @@ the choice moves.
 
     python -m llmedu.cramming widen-sweep --study study.json --runs crammed=runs/crammed --lrs 1e-4 1.6e-3 3.2e-3 --out wide.json
 
-A sweep whose best rate is its first or its last has not found the model's best rate: lesson 22's control
+A sweep whose best rate is its first or its last has not found the model's best rate: lesson 25's control
 (random init) chose 8e-4, the top of 2e-4..8e-4, on two tasks of three, and one rate further up it scored
 4 points more on BBC News dev. A protocol that stops a model short of its best rate handicaps it; the gap it
 reports is an upper estimate. This puts the protocol right without running the study again:

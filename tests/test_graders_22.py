@@ -1,4 +1,4 @@
-"""Lessons 20 and 20b's graders: each passes a right answer, and fails a plausible wrong value AND a right
+"""Lessons 22 and 23's graders: each passes a right answer, and fails a plausible wrong value AND a right
 value computed the wrong way (a method the exercise rules out, or a shortcut that holds on some cases only)."""
 
 import math
@@ -18,7 +18,7 @@ from llmedu.compress.baselines import BagOfWords
 from llmedu.compress.distillation import hidden_state_loss, soft_target_loss
 
 
-# -- lesson 20 -------------------------------------------------------------------------------------------------
+# -- lesson 22 -------------------------------------------------------------------------------------------------
 def test_nf4_bytes_fails_the_lessons_rate_used_as_a_formula():
     assert check_nf4_bytes(lambda n, block, dq: n / 2 + n / block * (1 + 4 / 256 if dq else 4))
     assert not check_nf4_bytes(lambda n, block, dq: n / 2 + n / block * 4)  # wrong: double quantization ignored
@@ -45,7 +45,7 @@ def test_packed_bytes_fails_a_formula_that_holds_at_4_bits_only():
     assert not check_packed_bytes(lambda d_out, d_in, bits: (d_out * d_in + 1) // 2 + 9 * d_out)
 
 
-# -- lesson 20b ------------------------------------------------------------------------------------------------
+# -- lesson 23 ------------------------------------------------------------------------------------------------
 def _two_four(w, by=torch.abs):
     out, inp = w.shape
     groups = by(w).reshape(out, inp // 4, 4)  # (out, in/4, 4)

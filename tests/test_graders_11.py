@@ -1,4 +1,4 @@
-"""Lesson 10's graders fail a plausible wrong value and a right value computed the wrong way, and pass a right answer.
+"""Lesson 11's graders fail a plausible wrong value and a right value computed the wrong way, and pass a right answer.
 
 (The first graders' basic cases are in test_checks_data_parallel.py; here, the method.)
 """
