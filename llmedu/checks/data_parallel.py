@@ -1,4 +1,4 @@
-"""Graders for the data-parallel lesson (10): what buckets cost, when they launch, what stays exposed.
+"""Graders for the data-parallel lesson (11): what buckets cost, when they launch, what stays exposed.
 
 check_bucket_comm_time(fn)      fn(sizes, bucket_bytes, world_size, alpha, bandwidth) -> seconds of
                                 all-reduce per step: one ring all-reduce per bucket (``assign_buckets``),

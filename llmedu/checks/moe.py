@@ -1,4 +1,4 @@
-"""Graders for the mixture-of-experts lesson (19): capacity, parameters, the router, the all-to-all.
+"""Graders for the mixture-of-experts lesson (21): capacity, parameters, the router, the all-to-all.
 
 check_dropped(fn)            fn(choices, n_experts, capacity_factor) -> (capacity, dropped): the
                              capacity C = ceil(cf * N * k / E) and the sorted (token, j) pairs over it,

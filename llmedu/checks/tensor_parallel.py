@@ -1,4 +1,4 @@
-"""Graders for the tensor-parallel lesson (11): what a step sends, what a rank holds, what a step costs.
+"""Graders for the tensor-parallel lesson (12): what a step sends, what a rank holds, what a step costs.
 
 check_tp_step_all_reduces(fn)  fn(n_layers) -> (forward, backward): the all-reduce calls of one training
                                step of ``tensor_parallel(CausalLM(gpt2 config))`` with

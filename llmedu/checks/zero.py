@@ -1,4 +1,4 @@
-"""Graders for the ZeRO lesson (14); each enforces its method, not only the value.
+"""Graders for the ZeRO lesson (15); each enforces its method, not only the value.
 
 check_unit_bytes(fn)     fn(unit_sizes, world_size, stage, compute_bytes) -> {"parameters", "gradients",
                          "optimizer"}: the bytes our ``ZeRO`` keeps on one rank between backward and step,
