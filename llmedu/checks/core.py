@@ -17,9 +17,11 @@ The returned ``CheckResult`` is truthy when every case passed, so tests can asse
 from __future__ import annotations
 
 import math
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -179,3 +181,23 @@ def _difference(got: Any, expected: Any, rtol: float, atol: float, path: str = "
     if got != expected:
         return f"got {got!r}{at}, expected {expected!r}"
     return None
+
+
+def call_watching(g: Grader, fn, args: tuple, folder: Path, exempt: Callable = lambda code: False):
+    """``g.call(fn, *args)``, and the first function defined under ``folder`` that it called
+    (``"file.qualname"``), or None. A grader that asks for a rule worked out by hand uses it to fail an answer
+    that asks the library instead; ``exempt(code)`` names calls that do not count."""
+    called = []
+    root = str(folder)
+
+    def watch(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and not called and code.co_filename.startswith(root) and not exempt(code):
+            called.append(f"{Path(code.co_filename).stem}.{code.co_qualname}")
+
+    sys.setprofile(watch)
+    try:
+        got = g.call(fn, *args)
+    finally:
+        sys.setprofile(None)
+    return got, (called[0] if called else None)

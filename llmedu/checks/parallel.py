@@ -9,7 +9,6 @@ they record every call into the graders' files while the learner's function runs
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from ..parallel.mesh import rank_of
 from ..parallel.pipeline_parallel import partition
 from ..parallel.pipeline_schedules import Action, bubble_fraction, schedule, simulate, theoretical_bubble
-from .core import CheckResult, Grader
+from .core import CheckResult, Grader, call_watching
 
 __all__ = [
     "check_row_parallel_matmul",
@@ -188,22 +187,11 @@ GRADING = CHECKS / "core.py"  # the Grader itself, which runs the learner's func
 
 def _without_reference(g: Grader, fn, *args):
     """``fn(*args)`` through ``g.call``, failing the case if it called a function of ``llmedu.checks``."""
-    called = []
-
-    def watch(frame, event, arg):
-        name = frame.f_code.co_filename
-        if event == "call" and name.startswith(str(CHECKS)) and name != str(GRADING) and not called:
-            called.append(f"{Path(name).stem}.{frame.f_code.co_qualname}")
-
-    sys.setprofile(watch)
-    try:
-        got = g.call(fn, *args)
-    finally:
-        sys.setprofile(None)
+    got, called = call_watching(g, fn, args, CHECKS, exempt=lambda code: code.co_filename == str(GRADING))
     g.expect(
         "your function works it out without the graders' reference",
-        not called,
-        f"it called llmedu.checks' {called[0] if called else ''}: write the rule yourself",
+        called is None,
+        f"it called llmedu.checks' {called}: write the rule yourself",
     )
     return got
 

@@ -16,7 +16,6 @@ check_pick_40gb(fn)
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from ..models.config import TransformerConfig
 from ..planner.clusters import ETHERNET, Link, cluster, collective_time
 from ..planner.memory import Batch, Layout, held_parameters, uneven_splits
 from ..planner.search import MODELS, NothingFits, evaluate, plan
-from .core import CheckResult, Grader
+from .core import CheckResult, Grader, call_watching
 
 __all__ = [
     "check_all_reduce_on_cluster",
@@ -40,24 +39,14 @@ PLANNER = Path(__file__).resolve().parents[1] / "planner"
 
 def _without_planner(g: Grader, fn, *args):
     """``fn(*args)`` through ``g.call``, failing the case if it called any function of ``llmedu.planner``."""
-    called = []
-
-    def watch(frame, event, arg):
-        code = frame.f_code
-        # building a Layout or a Batch (to return one) is not asking the planner
-        mine = code.co_qualname.split(".")[0] in ("Layout", "Batch")
-        if event == "call" and code.co_filename.startswith(str(PLANNER)) and not mine and not called:
-            called.append(f"{Path(code.co_filename).stem}.{code.co_qualname}")
-
-    sys.setprofile(watch)
-    try:
-        got = g.call(fn, *args)
-    finally:
-        sys.setprofile(None)
+    # building a Layout or a Batch (to return one) is not asking the planner
+    got, called = call_watching(
+        g, fn, args, PLANNER, exempt=lambda code: code.co_qualname.split(".")[0] in ("Layout", "Batch")
+    )
     g.expect(
         "your function works it out without the planner",
-        not called,
-        f"it called llmedu.planner's {called[0] if called else ''}: reason from the lesson's costs instead",
+        called is None,
+        f"it called llmedu.planner's {called}: reason from the lesson's costs instead",
     )
     return got
 
