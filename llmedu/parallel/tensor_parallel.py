@@ -23,8 +23,14 @@ instead of gathering the (tokens, vocab) logits (sec. 3, last paragraph).
 Norms, biases of row-split layers and position tables are replicated: their inputs and gradients are
 identical on every rank, so their gradients agree without communication.
 
+What can overlap: a column-split layer that takes f inside (``copy_input=True``) computes its backward
+as Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` does: the input gradient first, then
+its all-reduce launched, then the weight gradient while the all-reduce runs (``async_input_grad=True``),
+then the wait. g's forward all-reduce has nothing independent to hide behind: the next layer needs it.
+
 Left out: sequence parallelism (Korthikanti et al. 2022), dropout with per-rank RNG streams (use
-dropout=0), the KV cache under tensor parallelism, and overlap of the all-reduces with compute.
+dropout=0), the KV cache under tensor parallelism, and overlap by splitting a matrix product into chunks
+(Wang et al. 2022; Transformer Engine's userbuffers).
 """
 
 from __future__ import annotations
@@ -111,23 +117,60 @@ def _parameter(t: torch.Tensor, tp_dim: int | None) -> nn.Parameter:
 
 
 # -- the two ways to split a linear layer ----------------------------------------------------------------
+class _LinearWithGradAllReduce(torch.autograd.Function):
+    """f fused into a column-split linear: backward all-reduces the input gradient, before or during the
+    weight gradient (``layer.async_input_grad``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):
+        ctx.save_for_backward(x, weight)
+        ctx.layer, ctx.has_bias = layer, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):  # grad_y (..., out / N)
+        x, weight = ctx.saved_tensors
+        layer = ctx.layer
+        if not ctx.needs_input_grad[0]:  # no input gradient: nothing to all-reduce
+            return (None, *layer.weight_grad(grad_y, x, ctx.has_bias), None)
+        grad_x = layer.input_grad(grad_y, weight)  # (..., in): this rank's share of the sum over ranks
+        work = (layer.link or dist).all_reduce(grad_x, group=layer.group, async_op=True)  # launched now
+        if layer.async_input_grad:
+            grad_w, grad_b = layer.weight_grad(grad_y, x, ctx.has_bias)  # computed while the link works
+            work.wait()
+        else:
+            work.wait()  # synchronous: the weight gradient waits for the link
+            grad_w, grad_b = layer.weight_grad(grad_y, x, ctx.has_bias)
+        return grad_x, grad_w, grad_b, None
+
+
 class ColumnParallelLinear(nn.Module):
     """Y_i = f(X) A_i^T + b_i: the output features split across ranks; output (..., out / N).
 
     ``copy_input=False`` leaves out f, for layers that share an input already passed through f once
-    (Q, K and V; the gate and up projections of a gated MLP).
+    (Q, K and V; the gate and up projections of a gated MLP). With f inside, ``async_input_grad=True``
+    overlaps its all-reduce with the weight gradient; ``link`` (a ``Link``) carries it instead of gloo.
     """
 
-    def __init__(self, linear: nn.Linear, group=None, copy_input: bool = True):
+    def __init__(self, linear: nn.Linear, group=None, copy_input: bool = True, async_input_grad=False, link=None):
         super().__init__()
         self.group, self.copy_input = group, copy_input
+        self.async_input_grad, self.link = async_input_grad, link
         self.weight = _parameter(shard(linear.weight.detach(), 0, group), 0)  # (out / N, in)
         self.bias = None if linear.bias is None else _parameter(shard(linear.bias.detach(), 0, group), 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out / N)
-        if self.copy_input:
-            x = copy_to_tp(x, self.group)
-        return F.linear(x, self.weight, self.bias)
+        if not self.copy_input:
+            return F.linear(x, self.weight, self.bias)
+        return _LinearWithGradAllReduce.apply(x, self.weight, self.bias, self)
+
+    def input_grad(self, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return grad_y @ weight  # (..., out / N) @ (out / N, in) -> (..., in)
+
+    def weight_grad(self, grad_y: torch.Tensor, x: torch.Tensor, has_bias: bool):
+        grad_2d = grad_y.reshape(-1, grad_y.shape[-1])  # (tokens, out / N)
+        grad_w = grad_2d.t() @ x.reshape(-1, x.shape[-1])  # (out / N, in)
+        return grad_w, (grad_2d.sum(0) if has_bias else None)
 
 
 class RowParallelLinear(nn.Module):
