@@ -1,0 +1,79 @@
+"""Graders for lesson 04 (attention variants) that ask for more than the formula on the page.
+
+    check_decode_batch(fn)   fn(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads, target) -> the smallest
+                             batch (an int) at which a memory-bound decoding step of the model with
+                             ``n_kv_heads`` key/value heads is ``target`` times faster than with MHA, or None
+                             when no batch reaches it; ``mha_cache_bytes`` is the MHA cache of ONE sequence
+
+The lesson gives the speed-up of a batch, (W + bC) / (W + bC r) with r = n_kv_heads / n_heads; the exercise is
+its inverse. A search over b that stops early (a cap, or powers of two) and a strict ">" fail, as does any
+answer for a target at or above the cache ratio 1 / r, which the speed-up approaches but never reaches.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from .core import CheckResult, Grader
+
+__all__ = ["check_decode_batch", "decode_speedup"]
+
+
+def decode_speedup(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads, batch) -> float:
+    """The bytes model of lesson 04: (W + bC) / (W + bC H_kv/H)."""
+    cache = batch * mha_cache_bytes
+    return (weight_bytes + cache) / (weight_bytes + cache * n_kv_heads / n_heads)
+
+
+def _smallest_batch(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads, target) -> int | None:
+    """Exact in rationals: b >= (s - 1) W / (C (1 - s r)), for s r < 1."""
+    w, c, s, r = Fraction(weight_bytes), Fraction(mha_cache_bytes), Fraction(target), Fraction(n_kv_heads, n_heads)
+    if s * r >= 1:
+        return None
+    return max(1, math.ceil((s - 1) * w / (c * (1 - s * r))))
+
+
+_GB7, _CACHE7 = 2 * 6_738_415_616, 2 * 32 * 32 * 128 * 4096 * 2  # Llama-2 7B in fp16; its MHA cache, 4096 tokens
+_CACHE70 = 2 * 80 * 64 * 128 * 4096 * 2  # a 70B shape with 64 key/value heads, 4096 tokens, fp16
+CASES = [
+    ("Llama-2 7B, 4096-token sequences, GQA-8, twice as fast", (_GB7, _CACHE7, 32, 8, 2)),
+    ("a 70B shape, 4096-token sequences, GQA-8, three times as fast", (140e9, _CACHE70, 64, 8, 3)),
+    ("3 GB of weights, 1 GB of cache per sequence, MQA of 4 heads, twice as fast", (3e9, 1e9, 4, 1, 2)),
+    ("Llama-2 7B, GQA-8 (cache 4x smaller), four times as fast", (_GB7, _CACHE7, 32, 8, 4)),
+    ("Llama-2 7B, 128-token sequences, MQA, three times as fast", (_GB7, _CACHE7 // 32, 32, 1, 3)),
+]
+
+
+def check_decode_batch(fn) -> CheckResult:
+    g = Grader("check_decode_batch")
+    for name, args in CASES:
+        weights, cache, heads, kv_heads, target = args
+        expected = _smallest_batch(*args)
+        got = g.call(fn, *args)
+        if expected is None:
+            g.expect(
+                name,
+                got is None,
+                f"got {got!r}, expected None: the speed-up (W + bC) / (W + bC r) grows with b towards the cache "
+                f"ratio 1/r = {heads // kv_heads} but never reaches it, so no batch is {target}x faster",
+            )
+            continue
+        if isinstance(got, float) and got.is_integer():
+            got = int(got)
+        if not isinstance(got, int) or isinstance(got, bool):
+            g.expect(name, False, f"got {got!r}: a batch is a whole number of sequences (an int)")
+            continue
+        if 1 <= got < expected:
+            s = decode_speedup(weights, cache, heads, kv_heads, got)
+            fix = "round the batch up" if got == expected - 1 else "the weights are read once per step, whatever b"
+            g.expect(name, False, f"at batch {got} the speed-up is {s:.4f}, below {target}: {fix}")
+        elif got > expected:
+            s = decode_speedup(weights, cache, heads, kv_heads, expected)
+            g.expect(
+                name,
+                False,
+                f"got {got}, but batch {expected} already gives {s:.4f}x (>= {target}): the smallest batch is wanted",
+            )
+        g.compare(name, got, expected)
+    return g.result()
