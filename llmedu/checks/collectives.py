@@ -1,11 +1,15 @@
-"""Graders for lessons 10 (collectives) and 10 (data parallelism).
+"""Graders for lessons 10 (collectives) and 11 (data parallelism).
 
 ``check_tree_schedule``, ``check_ring_all_reduce_bytes``, ``check_assign_buckets`` and
-``check_hidden_communication`` run in this process; ``check_ring_all_reduce`` starts three real processes (a few seconds) and compares
-your all-reduce with ``torch.distributed.all_reduce`` on sizes that do not divide by three. It grades the method too: while
-your function runs, every torch.distributed collective it calls is recorded (a ring uses none) and the bytes each rank
-sends point to point are counted (``ProcessGroup.send``, which ``dist.send``, ``dist.isend`` and ``batch_isend_irecv`` all
-reach); each rank must send about ``2 (N - 1) / N`` of the tensor, as a ring does.
+``check_hidden_communication`` run in this process. ``check_ring_all_reduce`` (3 processes) and
+``check_halving_doubling_all_reduce`` (4 processes) start real processes (a few seconds) and compare your
+all-reduce with ``torch.distributed.all_reduce``. They grade the method too: while your function runs, every
+torch.distributed collective it calls is recorded (a hand-made all-reduce uses none), and every message each
+rank sends point to point is counted with its bytes and its destination (``ProcessGroup.send``, which
+``dist.send``, ``dist.isend`` and ``batch_isend_irecv`` all reach). Each rank must send about
+``2 (N - 1) / N`` of the tensor, as a bandwidth-optimal all-reduce does (a gather-and-sum sends the whole
+tensor, its root ``N - 1`` times it); a ring sends only to one neighbour, and recursive halving-doubling in
+``2 log2 N`` messages.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,12 +25,13 @@ import torch.distributed as dist
 from ..parallel.collectives import ring_all_reduce_bytes
 from ..parallel.data_parallel import assign_buckets, hidden_communication
 from ..parallel.launch import WorkerError, launch
-from .core import CheckResult, Grader
+from .core import CheckResult, Grader, call_watching
 
 __all__ = [
     "check_tree_schedule",
     "check_ring_all_reduce_bytes",
     "check_ring_all_reduce",
+    "check_halving_doubling_all_reduce",
     "check_assign_buckets",
     "check_hidden_communication",
 ]
@@ -72,12 +78,15 @@ def check_tree_schedule(tree_schedule: Callable[[int, int], list]) -> CheckResul
 def check_ring_all_reduce_bytes(fn: Callable[[int, int, int], list]) -> CheckResult:
     """``fn(numel, world_size, element_size)``: bytes each rank sends in our ring all-reduce."""
     g = Grader("check_ring_all_reduce_bytes")
-    for numel, n, size in [(12, 4, 4), (1000, 2, 4), (1001, 4, 4), (7, 3, 8), (3, 4, 2), (100, 1, 4)]:
-        g.compare(
-            f"numel={numel}, world_size={n}, element_size={size}",
-            g.call(fn, numel, n, size),
-            ring_all_reduce_bytes(numel, n, size),
+    cases = [(12, 4, 4), (1000, 2, 4), (1001, 4, 4), (7, 3, 8), (3, 4, 2), (100, 1, 4), (10, 6, 4), (1002, 5, 2)]
+    for numel, n, size in cases:
+        got, called = call_watching(g, fn, (numel, n, size), _PARALLEL)
+        g.expect(
+            "your function counts the bytes itself",
+            called is None,
+            f"it called llmedu.parallel's {called}: work out which chunks each rank sends",
         )
+        g.compare(f"numel={numel}, world_size={n}, element_size={size}", got, ring_all_reduce_bytes(numel, n, size))
     return g.result()
 
 
@@ -88,6 +97,7 @@ _COLLECTIVES = (
     "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
     "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single",
 )  # fmt: skip
+_PARALLEL = Path(__file__).resolve().parent.parent / "parallel"  # the library's collectives, and what they call
 _TRAFFIC_NUMEL = 1001  # the case whose bytes are checked: large enough that a few bytes of metadata do not matter
 _TRAFFIC_TOLERANCE = 0.1  # relative, either way: room for another way of cutting the chunks
 
@@ -96,12 +106,14 @@ _TRAFFIC_TOLERANCE = 0.1  # relative, either way: room for another way of cuttin
 def _point_to_point_only() -> Iterator[dict]:
     """Inside the block, record the collectives this rank calls and count the bytes it sends point to point."""
     group_class = dist.ProcessGroup
-    seen = {"bytes_sent": 0, "collectives": []}
+    seen = {"bytes_sent": 0, "messages": 0, "destinations": set(), "collectives": []}
     originals = {name: getattr(group_class, name) for name in ("send", *_COLLECTIVES) if hasattr(group_class, name)}
 
-    def counting_send(self, tensors, *args, **kwargs):
+    def counting_send(self, tensors, dst, *args, **kwargs):
         seen["bytes_sent"] += sum(t.numel() * t.element_size() for t in tensors)
-        return originals["send"](self, tensors, *args, **kwargs)
+        seen["messages"] += 1
+        seen["destinations"].add(dst)
+        return originals["send"](self, tensors, dst, *args, **kwargs)
 
     def recording(name):
         def call(self, *args, **kwargs):
@@ -123,11 +135,11 @@ def _point_to_point_only() -> Iterator[dict]:
                 setattr(group_class, name, entry)
 
 
-def _run_learner(fn: Callable) -> list:
-    """In each process: the learner's all-reduce (with what it sent) and torch's on a few sizes (or the error)."""
+def _run_learner(fn: Callable, shapes: list[tuple]) -> list:
+    """In each process: the learner's all-reduce (with what it sent) and torch's on each shape (or the error)."""
     rank = dist.get_rank()
     answers = []
-    for shape in [(1,), (5,), (_TRAFFIC_NUMEL,), (4, 3)]:
+    for shape in shapes:
         x = torch.randn(shape, generator=torch.Generator().manual_seed(rank * 100 + sum(shape)))
         expected = x.clone()
         dist.all_reduce(expected)
@@ -141,43 +153,78 @@ def _run_learner(fn: Callable) -> list:
     return answers
 
 
-def check_ring_all_reduce(ring_all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> CheckResult:
-    """Your all-reduce (sum) on 3 processes against ``torch.distributed.all_reduce``, and how it got there.
-
-    Float sums in another order differ by a few ulps: atol=1e-5 on values of size ~1. The method: no
-    torch.distributed collective may be called, and on the tensor of 1001 elements each rank must send
-    ``2 (N - 1) / N`` of the tensor's bytes point to point, within 10% (a gather-and-sum sends ``N - 1`` times it).
-    """
-    g = Grader("check_ring_all_reduce")
-    n = 3
+def _grade_all_reduce(g: Grader, fn: Callable, n: int, shapes: list[tuple], method: Callable) -> CheckResult:
+    """Run ``fn`` on ``n`` processes; compare each answer, reject collectives, and on the tensor of
+    ``_TRAFFIC_NUMEL`` elements check the bytes (within 10%) and ``method(g, case, rank, seen)``."""
+    where = f"running on {n} processes"
     try:
-        results = launch(_run_learner, n, ring_all_reduce, timeout=10, echo=False)
+        results = launch(_run_learner, n, fn, shapes, timeout=10, echo=False)
     except WorkerError as err:
         hint = " (a hang: did every rank post its receive before waiting on its send?)" if "timeout" in str(err) else ""
-        g.expect("running on 3 processes", False, f"rank {err.rank} failed{hint}: {str(err).strip().splitlines()[-1]}")
+        g.expect(where, False, f"rank {err.rank} failed{hint}: {str(err).strip().splitlines()[-1]}")
         return g.result()
-    ring_share = 2 * (n - 1) / n
+    share = 2 * (n - 1) / n
     for rank, answers in enumerate(results):
         if answers and isinstance(answers[0], str):
-            g.expect("running on 3 processes", False, answers[0])
+            g.expect(where, False, answers[0])
             break
         for shape, got, expected, nbytes, seen in answers:
-            g.compare(f"rank {rank}, tensor of shape {shape}", got, expected, atol=1e-5)
+            case = f"rank {rank}, tensor of shape {shape}"
+            g.compare(case, got, expected, atol=1e-5)
             called = sorted(set(seen["collectives"]))
             g.expect(
-                f"rank {rank}, tensor of shape {shape}: isend/irecv only",
+                f"{case}: isend/irecv only",
                 not called,
-                f"it called torch.distributed's {', '.join(called)} (ProcessGroup method): a ring passes chunks to its"
-                " neighbour with dist.isend and dist.irecv",
+                f"it called torch.distributed's {', '.join(called)} (ProcessGroup method): pass the pieces with"
+                " dist.isend and dist.irecv",
             )
             if shape == (_TRAFFIC_NUMEL,):
-                share = seen["bytes_sent"] / nbytes
+                sent = seen["bytes_sent"] / nbytes
                 g.expect(
-                    f"rank {rank}, tensor of shape {shape}: sends 2(N-1)/N = {ring_share:.3f} of the tensor",
-                    abs(share - ring_share) <= _TRAFFIC_TOLERANCE * ring_share,
-                    f"it sent {seen['bytes_sent']} bytes point to point, {share:.3f} times the tensor's {nbytes}",
+                    f"{case}: sends 2(N-1)/N = {share:.3f} of the tensor",
+                    abs(sent - share) <= _TRAFFIC_TOLERANCE * share,
+                    f"it sent {seen['bytes_sent']} bytes point to point, {sent:.3f} times the tensor's {nbytes}",
                 )
+                method(g, case, rank, seen)
     return g.result()
+
+
+def check_ring_all_reduce(ring_all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> CheckResult:
+    """Your ring all-reduce (sum) on 3 processes against ``torch.distributed.all_reduce``, and how it got there.
+
+    Float sums in another order differ by a few ulps: atol=1e-5 on values of size ~1. The method: no
+    torch.distributed collective; on the tensor of 1001 elements each rank sends ``2 (N - 1) / N`` of the
+    tensor's bytes point to point (within 10%), all of it to one neighbour.
+    """
+
+    def one_neighbour(g, case, rank, seen):
+        peers = sorted(seen["destinations"])
+        g.expect(
+            f"{case}: sends to one neighbour only",
+            len(peers) == 1,
+            f"it sent to ranks {peers}: in a ring each rank passes chunks to its right neighbour only",
+        )
+
+    shapes = [(1,), (5,), (_TRAFFIC_NUMEL,), (4, 3)]
+    return _grade_all_reduce(Grader("check_ring_all_reduce"), ring_all_reduce, 3, shapes, one_neighbour)
+
+
+def check_halving_doubling_all_reduce(all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> CheckResult:
+    """Your recursive halving-doubling all-reduce (sum) on 4 processes against ``torch.distributed.all_reduce``.
+
+    The method: no torch.distributed collective; on the tensor of 1001 elements each rank sends
+    ``2 (N - 1) / N`` of the tensor's bytes (within 10%) in at most ``2 log2 N`` = 4 messages (a ring needs 6).
+    """
+
+    def few_messages(g, case, rank, seen):
+        g.expect(
+            f"{case}: at most 2 log2 N = 4 messages",
+            seen["messages"] <= 4,
+            f"it sent {seen['messages']} messages (a ring sends 2(N-1) = 6): halve the exchanged part each step",
+        )
+
+    shapes = [(8,), (_TRAFFIC_NUMEL,), (6, 5)]
+    return _grade_all_reduce(Grader("check_halving_doubling_all_reduce"), all_reduce, 4, shapes, few_messages)
 
 
 def check_assign_buckets(fn: Callable[[list, int], list]) -> CheckResult:

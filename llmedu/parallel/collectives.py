@@ -11,21 +11,18 @@ In the alpha-beta model a message of ``b`` bytes takes ``alpha + b / beta`` seco
 * ``gather`` and ``scatter`` are linear: the root exchanges one message with every other rank.
 * ``reduce_scatter`` and ``all_gather`` go around a ring in ``N - 1`` steps; each step a rank
   sends one ``1/N`` chunk to its right neighbour and receives one from its left.
-* ``ring_all_reduce`` is reduce-scatter followed by all-gather (Patarasuk & Yuan, 2009; the
-  scheme Baidu brought to deep learning in 2017): each rank sends ``2 (N - 1) / N`` times the
-  tensor, which grows with N but never reaches 2, and no all-reduce can send less (bandwidth-optimal).
-* ``all_to_all`` is a transpose across ranks: rank r sends piece j of its tensor to rank j and
-  receives piece r of every rank's, in ``N - 1`` pairwise steps (in step s, send to ``r + s``,
-  receive from ``r - s``). Each rank sends ``(N - 1) / N`` of its tensor, all of it data that no
-  other rank has, so no algorithm sends less; expert parallelism (mixture-of-experts) and
-  Ulysses-style sequence parallelism are built on it.
+* ``ring_all_reduce`` is reduce-scatter followed by all-gather (Patarasuk & Yuan, 2009): each rank
+  sends ``2 (N - 1) / N`` times the tensor, which grows with N but stays below 2, and no all-reduce
+  sends less (bandwidth-optimal); its ``2 (N - 1)`` steps make the latency grow with N.
+* ``all_to_all`` is a transpose across ranks: rank r sends piece j of its tensor to rank j, in
+  ``N - 1`` pairwise steps (step s: send to ``r + s``, receive from ``r - s``), ``(N - 1) / N`` of
+  its tensor, none of which another rank has (mixture-of-experts and Ulysses use it).
 
-Sizes need not divide: chunks are ``torch.tensor_split`` pieces (some one element larger, some
-possibly empty). The messages go through ``p2p.py``, whose ``with traffic() as t:`` counts the
-payload bytes and messages this rank sends, for comparison with the model. Before moving data,
-each collective checks (with a tiny ring exchange that is not counted) that every rank passed the
-same shape and dtype, so that a mistake raises the same clear error on every rank instead of
-hanging; ``check=False`` skips it.
+Chunks are ``torch.tensor_split`` pieces, so sizes need not divide. Messages go through ``p2p.py``
+(``with traffic() as t:`` counts the bytes and messages this rank sends) or, for ``ring_all_reduce``,
+over a ``Link`` (``link.py``: gloo moves the data, the alpha-beta model sets the time); ``trace``
+records what a rank holds after every ring step. Each collective first checks (uncounted) that all
+ranks passed the same shape and dtype, so a mistake raises on every rank instead of hanging.
 
 Left out: process groups other than the whole world, pipelining chunks within a step (gloo's
 ``ring_chunked`` overlaps the additions with the transfers), and topology-aware algorithms
@@ -35,11 +32,15 @@ Left out: process groups other than the whole world, pipelining chunks within a 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from .p2p import Traffic, _exchange, _recv, _send, traffic
+from .p2p import Traffic, _exchange, _recv, _send, count_sent, traffic
+
+if TYPE_CHECKING:
+    from .link import Link
 
 __all__ = [
     "tree_schedule",
@@ -90,37 +91,60 @@ def all_to_all_bytes(rows: int, row_numel: int, world_size: int, element_size: i
 
 
 # -- rings on lists of chunks (views of one flat buffer) ------------------------------------------
-def _ring_reduce_scatter(chunks: list[torch.Tensor], combine: Callable, count: bool = True) -> None:
+def _step(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, count: bool, link: Link | None) -> None:
+    """One ring step: ``_exchange``, or the same two messages over ``link``, which end when its model says."""
+    if link is None:
+        return _exchange(send, dst, recv, src, count)
+    sends, recvs = [(send, dst)] if send.numel() else [], [(recv, src)] if recv.numel() else []
+    if sends and count:
+        count_sent(send.numel() * send.element_size(), 1)
+    for work in link.post(sends, recvs):
+        work.wait()
+
+
+def _ring_reduce_scatter(chunks: list[torch.Tensor], combine: Callable, count=True, link=None, trace=None) -> None:
     """After N - 1 steps, ``chunks[rank]`` holds the reduction over all ranks of that chunk."""
     rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
     scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype, device=chunks[0].device)
     for step in range(n - 1):
-        out, into = chunks[(rank - step - 1) % n], chunks[(rank - step - 2) % n]
+        sent, got = (rank - step - 1) % n, (rank - step - 2) % n
+        out, into = chunks[sent], chunks[got]
         incoming = scratch[: into.numel()].view_as(into)
-        _exchange(out, right, incoming, left, count)
+        _step(out, right, incoming, left, count, link)
         combine(into, incoming, out=into)  # in place; the partial result travels right next step
+        if trace is not None:
+            trace.append(dict(phase="reduce-scatter", step=step, sent=sent, received=got, held=torch.cat(chunks)))
 
 
-def _ring_all_gather(chunks: list[torch.Tensor], count: bool = True) -> None:
+def _ring_all_gather(chunks: list[torch.Tensor], count: bool = True, link=None, trace=None) -> None:
     """``chunks[rank]`` is this rank's; after N - 1 steps every chunk is everywhere."""
     rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
-        _exchange(chunks[(rank - step) % n], right, chunks[(rank - step - 1) % n], left, count)
+        sent, got = (rank - step) % n, (rank - step - 1) % n
+        _step(chunks[sent], right, chunks[got], left, count, link)
+        if trace is not None:
+            trace.append(dict(phase="all-gather", step=step, sent=sent, received=got, held=torch.cat(chunks)))
 
 
 # -- the collectives -------------------------------------------------------------------------------
-def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool = True) -> torch.Tensor:
-    """Every rank gets the reduction of every rank's ``tensor``: reduce-scatter, then all-gather."""
+def ring_all_reduce(
+    tensor: torch.Tensor, op="sum", *, check=True, link: Link | None = None, trace=None
+) -> torch.Tensor:
+    """Every rank gets the reduction of every rank's ``tensor``: reduce-scatter, then all-gather.
+
+    ``link``: send over this ``Link`` (timed by its alpha-beta model) instead of plain gloo. ``trace``: a
+    list; after every step, append the phase, step, chunks sent and received, and what this rank holds.
+    """
     combine = _combiner(op)
     if check:
         _shapes_everywhere(tensor, "ring_all_reduce")
     n = dist.get_world_size()
     result = tensor.detach().clone().contiguous()
     chunks = list(result.view(-1).tensor_split(n))  # N views of the flat result, sizes differ by <= 1
-    _ring_reduce_scatter(chunks, combine)  # chunks[rank] is now complete here
-    _ring_all_gather(chunks)  # and now every chunk is complete everywhere
+    _ring_reduce_scatter(chunks, combine, link=link, trace=trace)  # chunks[rank] is now complete here
+    _ring_all_gather(chunks, link=link, trace=trace)  # and now every chunk is complete everywhere
     return result
 
 
