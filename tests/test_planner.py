@@ -96,7 +96,8 @@ def test_the_formulas_equal_the_bytes_our_collectives_send():
 
 
 def test_memory_model_equals_memory_estimate_where_they_overlap():
-    cfg = TransformerConfig.gpt2(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, max_seq_len=128)
+    # the paper's model has dropout (its masks are in the 34)
+    cfg = TransformerConfig.gpt2(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, max_seq_len=128, dropout=0.1)
     batch = Batch(8, 128)
     p = parameters(cfg)
     held = cfg.n_layers * p["layer"] + p["embedding"] + p["head"]
@@ -116,8 +117,63 @@ def test_memory_model_equals_memory_estimate_where_they_overlap():
     assert mem["activations"] == pytest.approx(cfg.n_layers * per_layer)
 
 
-def test_sequence_parallelism_divides_every_activation_by_tp_and_plain_tp_keeps_10sbh():
+def test_activations_count_dropout_masks_only_with_dropout_and_grouped_k_v_at_their_width():
+    """Korthikanti's 34 bytes per sbh hold 2 of dropout masks and 4 of K and V: a model without dropout keeps no
+    masks, and under FlashAttention grouped-query attention keeps K and V at n_kv_heads of n_heads."""
+    small = dict(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, max_seq_len=128)
+    lay, batch = Layout(micro_batch=2), Batch(2, 128)
+    masks = [memory_per_rank(TransformerConfig.gpt2(**small, dropout=p), lay, batch)["activations"] for p in (0, 0.1)]
+    assert masks[1] - masks[0] == 4 * 2 * (2 * 128 * 64)  # 4 layers, 1 byte twice per value of b s h
+
+    # Llama 3 405B, TP8 + SP, PP16 (8 of 126 layers on the busiest stage, 16 micro-batches in flight), s = 8192:
+    # per layer sbh/t (6v + 2v 8/128 + 8v 1.5 d_ff/4h) = 16,777,216 x (12 + 0.25 + 19.5) bytes, no masks
+    cfg, lay, batch = MODELS["llama3-405b"], Layout(dp=128, tp=8, pp=16, zero=2), Batch(2048, 8192)
+    per_layer = 8192 * 16384 / 8 * (12 + 0.25 + 19.5)
+    assert memory_per_rank(cfg, lay, batch)["activations"] == pytest.approx(8 * 16 * per_layer)
+    assert 8 * 16 * per_layer / GiB == pytest.approx(63.5, abs=0.05)
+    # unfused attention keeps K and V repeated to every head (and the scores): no grouped saving
+    unfused = memory_per_rank(cfg, lay, batch, flash=False)["activations"]
+    assert unfused > 8 * 16 * 8192 * 16384 / 8 * (16 + 19.5)
+
+
+def test_zero_1_holds_the_full_gradient_while_micro_batches_accumulate():
+    """With m > 1 micro-batches ZeRO-1's full gradient accumulates from the first backward to the step, so it is
+    alive at every later forward's activation peak: counted in full, never below ZeRO-2's shard of it."""
     cfg = TransformerConfig.gpt2(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, max_seq_len=128)
+    # by hand: a layer is 12 d^2 + 13 d = 49,984 (QKV and out 4d^2 + 4d, MLP 8d^2 + 5d, two norms 4d); the tied
+    # embedding 1000 x 64 + 128 positions x 64 = 72,192; the final norm 128: 272,256 parameters, 2 bytes each
+    held = 4 * (12 * 64**2 + 13 * 64) + (1000 + 128) * 64 + 2 * 64
+    assert held == 272_256
+    mem = memory_per_rank(cfg, Layout(dp=4, zero=1, micro_batch=1), Batch(8, 128), flash=False)  # m = 2
+    assert mem["gradients"] == 2 * held
+    # one micro-batch: freed at the step, it counts only beyond the activations it replaces in backward
+    one = memory_per_rank(cfg, Layout(dp=4, zero=1, micro_batch=2), Batch(8, 128), flash=False)  # m = 1
+    assert one["gradients"] == max(0.0, 2 * held - one["activations"] - one["logits"]) < 2 * held
+
+    # Llama-3-70B, DP2 TP8 PP4, 256 micro-batches: the busiest stage's full 16-bit gradient, 2 x 9.09e8 bytes
+    cfg, batch = MODELS["llama3-70b"], Batch(512, 2048)
+    zero = {z: memory_per_rank(cfg, Layout(dp=2, tp=8, pp=4, zero=z), batch) for z in (0, 1, 2)}
+    p = parameters(cfg)
+    stage = (20 * p["layer"] + p["embedding"]) / 8  # 20 of 80 layers and the embedding, split by TP8
+    assert zero[1]["gradients"] == zero[0]["gradients"] == pytest.approx(2 * stage)
+    assert zero[1]["gradients"] / GiB == pytest.approx(4.23, abs=0.01)
+    assert sum(zero[1].values()) > sum(zero[2].values())
+
+    # and everywhere micro-batches accumulate: ZeRO-1 needs at least what ZeRO-2 needs
+    for model, c, batch in [
+        ("llama3-8b", cluster("dgx-a100"), Batch(256, 2048)),
+        ("llama3-70b", cluster("dgx-a100", nodes=4), Batch(256, 4096)),
+    ]:
+        for lay in layouts(MODELS[model], c, batch):
+            if lay.zero != 1 or batch.sequences // (lay.dp * lay.micro_batch) == 1:
+                continue
+            one, two = (memory_per_rank(MODELS[model], replace(lay, zero=z), batch) for z in (1, 2))
+            assert sum(one.values()) >= sum(two.values()), str(lay)
+
+
+def test_sequence_parallelism_divides_every_activation_by_tp_and_plain_tp_keeps_10sbh():
+    # the paper's model has dropout (its masks are in the 10)
+    cfg = TransformerConfig.gpt2(vocab_size=1000, d_model=64, n_layers=4, n_heads=4, max_seq_len=128, dropout=0.1)
     batch, s, b, h = Batch(8, 128), 128, 1, 64
     one = memory_per_rank(cfg, Layout(dp=8), batch)["activations"]
     sp = memory_per_rank(cfg, Layout(dp=2, tp=4), batch)["activations"]

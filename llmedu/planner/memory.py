@@ -14,14 +14,17 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
                    tp with SP      sbh/t (34 + 5as/h)
                    full recompute  2sbh (only each layer's input is kept)
                  the 5as/h term (the s x s scores) is gone with FlashAttention or selective recomputation;
+                 the 34 holds 2 bytes of dropout masks (counted only for a model with dropout) and 4 of K
+                 and V (with FlashAttention, grouped-query attention keeps them at n_kv_heads / n_heads);
                  s is the local sequence s/cp; 1F1B stage i holds min(m, pp - i) micro-batches in flight
                  (interleaved: pp (1 + (pp-1)/(pp v)), Korthikanti et al. 2022 §4.2.3)   (lessons 06, 09, 13)
     logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage, and the
                  final norm's input and output, 2 b (s/cp) h values (fp32 training: 4-byte values, 4 + 4 + 8
                  bytes of states per parameter, no dropout masks unless the model has dropout)
     working      backward's gradients of one layer's intermediates (one micro-batch) on a stage without
-                 the logits; ZeRO-3's gathered unit (weights and gradient of a layer); ZeRO-1's full
-                 gradient counts only where it outgrows the activations it replaces in backward
+                 the logits; ZeRO-3's gathered unit (weights and gradient of a layer)
+    ZeRO-1       holds the full gradient until the step: in full while micro-batches accumulate (m > 1);
+                 with one micro-batch only where it outgrows the activations it replaces in backward
 
 What a rank holds (``parameters``, ``held_parameters``, ``stage_layers``) is also what its collectives move:
 ``messages`` counts and ``step_time`` prices the data-parallel sync on the same counts.
@@ -32,7 +35,7 @@ buffers, gated FFNs' extra activations beyond the width ratio.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..models.config import TransformerConfig
 from .clusters import PRECISIONS
@@ -183,16 +186,22 @@ def held_parameters(cfg: TransformerConfig, layout: Layout, stage: int | None = 
     return layers * (p["layer"] / layout.tp + p["experts"] / (layout.tp * layout.ep)) + ends / layout.tp
 
 
-def _activations_per_layer(cfg: TransformerConfig, layout: Layout, seq_len: int, flash: bool, v: int = BF16) -> float:
-    """Bytes one layer keeps for backward, ``v`` bytes per value. In 16-bit we keep the paper's dropout
-    masks (its 34 = 8v + 2 + 16 at v = 2); in fp32 (our CPU runs) dropout counts only if the config has it."""
+def _activations_per_layer(
+    cfg: TransformerConfig, layout: Layout, seq_len: int, flash: bool, v: int = BF16, recompute: str | None = None
+) -> float:
+    """Bytes one layer keeps for backward, ``v`` bytes per value (``recompute`` overrides the layout's). The
+    paper's 34 = 8v + 2 + 16 at v = 2: its 2 bytes of dropout masks count only if the model has dropout
+    (Llama has none); its K and V (v each) shrink to the K/V heads a rank holds under grouped-query
+    attention when FlashAttention keeps them as they are (unfused attention keeps them repeated to every head)."""
     s, b, h, a, t = seq_len / layout.cp, layout.micro_batch, cfg.d_model, cfg.n_heads, layout.tp
-    d = 1 if v == BF16 or cfg.dropout > 0 else 0  # one byte per dropout mask value
-    if layout.recompute == "full":
+    d = 1 if cfg.dropout > 0 else 0  # one byte per dropout mask value
+    if (recompute or layout.recompute) == "full":
         return v * s * b * h / (t if layout.sequence_parallel else 1)
     mlp_scale = cfg.d_ff / (4 * h) * (1.5 if cfg.activation in ("swiglu", "geglu") else 1.0)
-    linear = 8 * v + 2 * d + 8 * v * mlp_scale  # LNs, attention, MLP (its 8v intermediates scaled to this FFN)
-    scores = 0.0 if flash or layout.recompute == "selective" else (v + d * (1 + v)) * a * s / h
+    kv_share = max(cfg.n_kv_heads, t) / a if flash else 1.0  # K/V heads per rank over query heads per rank
+    # LNs, attention (K and V at the K/V heads' width), MLP (its 8v intermediates scaled to this FFN)
+    linear = 6 * v + 2 * v * kv_share + 2 * d + 8 * v * mlp_scale
+    scores = 0.0 if flash or (recompute or layout.recompute) == "selective" else (v + d * (1 + v)) * a * s / h
     if t == 1 or layout.sequence_parallel:
         return s * b * h / t * (linear + scores)
     whole = 4 * v + 2 * d  # the LayerNorms' inputs and outputs and the dropout masks: not split by plain TP
@@ -238,7 +247,7 @@ def _stage_memory(
     per_layer = _activations_per_layer(cfg, layout, batch.seq_len, flash, v)
     activations = per_layer * stage_layers(cfg, layout) * in_flight(layout, m, stage)
     if layout.recompute == "full":  # one layer's activations exist again while it is recomputed
-        activations += _activations_per_layer(cfg, replace(layout, recompute="none"), batch.seq_len, flash, v)
+        activations += _activations_per_layer(cfg, layout, batch.seq_len, flash, v, recompute="none")
     logits = 0.0
     if stage == layout.pp - 1:
         # the logits, and the fp32 copy (bf16) or the log-softmax (fp32) the loss keeps for backward; and
@@ -246,10 +255,13 @@ def _stage_memory(
         tokens = layout.micro_batch * batch.seq_len / layout.cp
         final_norm = 2 * v * tokens * cfg.d_model / (layout.tp if layout.sequence_parallel else 1)
         logits = tokens * cfg.vocab_size / layout.tp * (v + 4) + final_norm
-    if layout.zero == 1:
-        # ZeRO-1 reduce-scatters the full gradient into the shard and frees it at every step (ours and
-        # DeepSpeed's), so it is not alive at the end of forward, where activations peak; backward frees
-        # activations as it makes gradients, so the gradient counts only where it outgrows them
+    if layout.zero == 1 and m == 1:
+        # ZeRO-1 keeps the full gradient until the step reduce-scatters it into the shard, then frees it (ours
+        # and DeepSpeed's). With one micro-batch it does not exist yet at the end of forward, where the
+        # activations peak, and backward frees activations as it makes gradients: it counts only where it
+        # outgrows them. With m > 1 micro-batches it accumulates from the first backward on and is alive
+        # through every later micro-batch's forward (and, in 1F1B, beside the micro-batches in flight), so
+        # it counts in full, as in DDP (Megatron-LM's distributed optimizer keeps its gradient buffer always)
         grads = max(0.0, grads - activations - logits)
     # working memory, alive only for a moment: backward's gradients of one layer's intermediates for one
     # micro-batch (the shapes of its activations), on stages without the head (on the last, the logits,

@@ -50,13 +50,15 @@ def _llama(d, layers, heads, d_ff, vocab=128256, seq=8192, **kw):
 
 
 MODELS: dict[str, TransformerConfig] = {
-    # Brown et al. 2020, Table 2.1 (vocabulary as Megatron-LM pads it, Narayanan et al. 2021)
-    "gpt3-175b": _gpt(12288, 96, 96),
+    # Brown et al. 2020, Table 2.1 (vocabulary as Megatron-LM pads it, Narayanan et al. 2021; dropout 0.1,
+    # Megatron-LM's --hidden-dropout and --attention-dropout defaults, whose masks Korthikanti et al. count)
+    "gpt3-175b": _gpt(12288, 96, 96, dropout=0.1),
     # Narayanan et al. 2021, Table 1 (the 1T row)
-    "gpt-1t": _gpt(25600, 128, 160),
-    # BigScience, "BLOOM", 2022: 70 layers, width 14336, 112 heads, 250,880 tokens, ALiBi
+    "gpt-1t": _gpt(25600, 128, 160, dropout=0.1),
+    # BigScience, "BLOOM", 2022: 70 layers, width 14336, 112 heads, 250,880 tokens, ALiBi; no dropout
+    # (bigscience/bloom's config.json: hidden_dropout and attention_dropout 0.0)
     "bloom-176b": _gpt(14336, 70, 112, vocab=250880, position="alibi"),
-    # Llama Team, "The Llama 3 Herd of Models", 2024, Table 3
+    # Llama Team, "The Llama 3 Herd of Models", 2024, Table 3 (grouped-query attention, 8 K/V heads; no dropout)
     "llama3-8b": _llama(4096, 32, 32, 14336),
     "llama3-70b": _llama(8192, 80, 64, 28672),
     "llama3-405b": _llama(16384, 126, 128, 53248),
