@@ -184,6 +184,28 @@ def test_sequence_parallelism_divides_every_activation_by_tp_and_plain_tp_keeps_
     assert full == pytest.approx(cfg.n_layers * 2 * s * b * h / 4 + sp / cfg.n_layers)  # inputs + one layer again
 
 
+def test_the_busiest_stage_is_the_first_or_the_last():
+    """memory_per_rank costs only the first and the last stage: every middle stage, priced too, needs no more."""
+    from llmedu.planner.memory import _stage_memory
+
+    cases = [
+        ("llama3-70b", cluster("dgx-a100", nodes=4), Batch(256, 4096)),
+        ("gpt3-175b", cluster("dgx-a100", nodes=6), Batch(96, 2048)),
+        ("mixtral-8x7b", cluster("dgx-a100", nodes=2), Batch(64, 4096)),
+    ]
+    checked = 0
+    for model, c, batch in cases:
+        cfg = MODELS[model]
+        for lay in layouts(cfg, c, batch, flash=False)[::7]:
+            if lay.pp < 3:
+                continue
+            for lay_v in (lay, replace(lay, virtual=2)) if 2 * lay.pp <= cfg.n_layers else (lay,):
+                every = [_stage_memory(cfg, lay_v, batch, i, False, "bf16") for i in range(lay_v.pp)]
+                assert memory_per_rank(cfg, lay_v, batch, flash=False) == max(every, key=lambda m: sum(m.values()))
+                checked += 1
+    assert checked > 100
+
+
 def test_pipeline_stages_take_ceil_of_layers_and_refuse_empty_ones():
     cfg = MODELS["llama3-405b"]
     assert stage_layers(cfg, Layout(pp=16)) == 8  # 126 layers on 16 stages: the busiest has 8

@@ -211,14 +211,16 @@ def _activations_per_layer(
 def memory_per_rank(
     cfg: TransformerConfig, layout: Layout, batch: Batch, *, flash: bool = True, precision: str = "bf16"
 ) -> dict[str, float]:
-    """Bytes on the busiest rank, by category. With a pipeline every stage is costed (its parameters,
-    the micro-batches it holds in flight, the logits on the last) and the largest total is returned.
+    """Bytes on the busiest rank, by category. With a pipeline the first and the last stage are costed (their
+    parameters, the micro-batches they hold in flight, the logits on the last) and the larger total is returned:
+    a middle stage holds the same ceil(L / pp) layers as the first, without the embedding, and no more
+    micro-batches in flight, so it never needs more than the first (``tests/test_planner.py`` checks it).
     ``flash``: no s x s scores kept. ``precision``: "bf16" mixed precision (2 + 2 + 12 bytes per
     parameter, 16-bit activations) or "fp32" (4 + 4 + 8: weights, gradients, Adam's two moments;
     4-byte activations)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    stages = [_stage_memory(cfg, layout, batch, i, flash, precision) for i in range(layout.pp)]
+    stages = [_stage_memory(cfg, layout, batch, i, flash, precision) for i in sorted({0, layout.pp - 1})]
     return max(stages, key=lambda m: sum(m.values()))
 
 

@@ -128,66 +128,115 @@ def dp_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Clust
 
 def step_time(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster) -> dict[str, float]:
     """Seconds of one optimizer step by part; ``total`` is their sum (see the module docstring)."""
-    s, b, h = batch.seq_len / layout.cp, layout.micro_batch, cfg.d_model
+    b = layout.micro_batch
     v = BF16 if cluster.precision == "bf16" else 4  # bytes per value on the wire
-    hide = 1.0 if cluster.overlap else 0.0  # can communication run while the rank computes?
     m = batch.sequences // (layout.dp * b)  # micro-batches per pipeline per step
     layers = stage_layers(cfg, layout)  # the busiest stage sets the pipeline's pace
+
+    # one micro-batch on the busiest stage: its share of the (6N + 12LTd) FLOPs per token ...
     per_token = flops_per_token(cfg, active_matmul_parameters(cfg), batch.seq_len)
     recompute = {"none": 1.0, "selective": 1.0, "full": 4 / 3}[layout.recompute]  # 8N instead of 6N
     compute = (
         per_token * recompute * b * batch.seq_len / (layout.tp * layout.cp) * layers / cfg.n_layers / cluster.flops
     )
-    compute += recompute * (layers * cluster.layer_overhead + cluster.micro_batch_overhead)  # launching the ops
-    attention_share = 12 * cfg.n_layers * batch.seq_len * h / per_token
-    activation_bytes = v * b * s * h
-
+    compute += recompute * (layers * cluster.layer_overhead + cluster.micro_batch_overhead)  # launches: 0 on GPUs
+    # ... and the messages it waits for: TP's all-reduces, CP's K/V ring, EP's all-to-alls, the pipeline's sends
     tp_link = cluster.link(layout.tp)
     tp = sum(
         n * all_reduce_time(size, layout.tp, tp_link)[0] for n, size in tp_collectives(cfg, layout, batch, v).values()
     )
-    cp_link = cluster.link(layout.cp, stride=layout.tp, rings=False)
+    cp, ep, p2p = _context_parallel(cfg, layout, batch, cluster, compute), *_sends(cfg, layout, batch, cluster)
+    slot = compute + tp + cp + ep + p2p
+    pipeline = (m + (layout.pp - 1) / layout.virtual) * slot  # 1F1B: m slots and (pp - 1) / v of bubble
+
+    dp = dp_time(cfg, layout, batch, cluster, compute)  # what backward does not hide of the gradient sync
+    optimizer = _optimizer_step(cfg, layout, cluster)
+    parts = {"compute": m * compute, "bubble": (layout.pp - 1) / layout.virtual * slot}
+    parts.update(tp=m * tp, cp=m * cp, ep=m * ep, pp=m * p2p, dp=dp, optimizer=optimizer)
+    # where ranks share one CPU (0 on GPUs): the waits for the scheduler, and the CPU work that outlasts the path
+    comm = tp + cp + ep + p2p
+    waits, shared = _shared_cpu(
+        cfg, layout, batch, cluster, m * compute + optimizer, m, comm, dp, pipeline + dp + optimizer
+    )
+    parts["waits"], parts["shared cores"] = waits, shared
+    parts["total"] = pipeline + dp + optimizer + waits + shared
+    return parts
+
+
+def _context_parallel(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster, compute: float) -> float:
+    """CP: K and V of the other cp - 1 chunks around the ring (3 passes: forward, twice in backward), per micro-batch,
+    beyond what the attention's share of ``compute`` hides."""
+    if layout.cp == 1:
+        return 0.0
+    v = BF16 if cluster.precision == "bf16" else 4
+    s, b, h = batch.seq_len / layout.cp, layout.micro_batch, cfg.d_model
+    hide = 1.0 if cluster.overlap else 0.0  # can communication run while the rank computes?
+    attention_share = (
+        12 * cfg.n_layers * batch.seq_len * h / flops_per_token(cfg, active_matmul_parameters(cfg), batch.seq_len)
+    )
     kv_bytes = 2 * v * b * s * cfg.n_kv_heads * cfg.head_dim / layout.tp
-    ring = 3 * (layout.cp - 1) * collective_time("send", kv_bytes, 2, cp_link) if layout.cp > 1 else 0.0
-    cp = max(0.0, layers * ring - hide * attention_share * compute)
+    ring = (
+        3
+        * (layout.cp - 1)
+        * collective_time("send", kv_bytes, 2, cluster.link(layout.cp, stride=layout.tp, rings=False))
+    )
+    return max(0.0, stage_layers(cfg, layout) * ring - hide * attention_share * compute)
+
+
+def _sends(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster) -> tuple[float, float]:
+    """Per micro-batch: EP's 4 all-to-alls a layer of top_k copies of b s h values, and the pipeline's two sends
+    of b s h / tp values (one each way)."""
+    v = BF16 if cluster.precision == "bf16" else 4
+    s, b, h = batch.seq_len / layout.cp, layout.micro_batch, cfg.d_model
+    activation_bytes = v * b * s * h
     ep = 0.0
     if cfg.moe is not None and layout.ep > 1:
         ep_link = cluster.link(layout.ep, stride=layout.tp * layout.cp, rings=False)
         ep = (
-            layers * 4 * collective_time("all_to_all", activation_bytes * cfg.moe.top_k / layout.tp, layout.ep, ep_link)
+            stage_layers(cfg, layout)
+            * 4
+            * collective_time("all_to_all", activation_bytes * cfg.moe.top_k / layout.tp, layout.ep, ep_link)
         )
     stride = layout.tp * layout.cp * (layout.dp if cluster.gpus_per_node > layout.tp * layout.cp else 1)
     pp_link = cluster.intra if layout.pp == 1 else cluster.link(layout.pp, stride=stride, rings=False)
     p2p = 2 * collective_time("send", activation_bytes / layout.tp, 2, pp_link) if layout.pp > 1 else 0.0
-    slot = compute + tp + cp + ep + p2p
-    pipeline = (m + (layout.pp - 1) / layout.virtual) * slot
+    return ep, p2p
 
-    dp = dp_time(cfg, layout, batch, cluster, compute)
+
+def _optimizer_step(cfg: TransformerConfig, layout: Layout, cluster: Cluster) -> float:
+    """Adam on the rank's shard: 32 bytes a parameter through HBM, or, offloaded, the PCIe copies and the host's
+    ~28 bytes a parameter at its share of the host's memory bandwidth."""
+    v = BF16 if cluster.precision == "bf16" else 4
     shard = held_parameters(cfg, layout) / (layout.dp * layout.cp if layout.zero >= 1 else 1)
     if layout.offload:
         pcie = 2 * collective_time("send", v * shard, 2, cluster.host)
-        optimizer = pcie + 28 * shard / (cluster.host_bandwidth / cluster.gpus_per_node)
-    else:
-        optimizer = 32 * shard / cluster.accelerator.memory_bandwidth
-    parts = {"compute": m * compute, "bubble": (layout.pp - 1) / layout.virtual * slot}
-    parts.update(tp=m * tp, cp=m * cp, ep=m * ep, pp=m * p2p, dp=dp, optimizer=optimizer)
+        return pcie + 28 * shard / (cluster.host_bandwidth / cluster.gpus_per_node)
+    return 32 * shard / cluster.accelerator.memory_bandwidth
+
+
+def _shared_cpu(
+    cfg: TransformerConfig,
+    layout: Layout,
+    batch: Batch,
+    cluster: Cluster,
+    work: float,
+    m: int,
+    comm: float,
+    dp: float,
+    critical: float,
+) -> tuple[float, float]:
+    """What ranks that share one CPU add to a step (both 0 on GPUs): each hop of the busiest rank's blocking
+    messages waits for a process to be scheduled ("waits"), and each rank's CPU ``work`` (compute and optimizer
+    step) at the speed it keeps while all compute, plus its ``m`` micro-batches' messages (``comm`` each) and
+    ``dp``, may outlast the ``critical`` path ("shared cores"; a pipeline's idle ranks leave the CPU to the busy
+    ones, so its bubble costs less than on GPUs)."""
     if cluster.sharing is not None and layout.world != cluster.world_size:
         raise ValueError(
             f"{layout} has {layout.world} ranks; the cluster's sharing was measured with {cluster.world_size}"
         )
-    # each hop of the busiest rank's blocking messages waits for a process to be scheduled (0 on GPUs)
+    v = BF16 if cluster.precision == "bf16" else 4
     waits = cluster.message_wait * blocking_hops(cfg, layout, dp_collectives(cfg, layout, batch, v), m)
-    parts["waits"] = waits
-    critical = pipeline + dp + optimizer + waits  # the critical path, every rank at its full speed
     speed = cluster.shared_speed(layout.world)
-    shared = 0.0
-    if speed < 1:
-        # ranks that share the CPU slow each other (take turns on too few cores, or share what a core has).
-        # Each rank's CPU work (compute and optimizer step) at its shared speed, plus the waits on messages,
-        # may outlast the critical path; a pipeline's idle ranks leave the CPU to the busy ones, so its
-        # bubble costs less than on GPUs
-        work = (m * compute + optimizer) / speed
-        shared = max(0.0, work + m * (tp + cp + ep + p2p) + dp + waits - critical)
-    parts["shared cores"] = shared
-    parts["total"] = critical + shared
-    return parts
+    if speed >= 1:
+        return waits, 0.0
+    return waits, max(0.0, work / speed + m * comm + dp + waits - (critical + waits))
