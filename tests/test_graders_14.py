@@ -1,7 +1,8 @@
-"""Graders of lessons 14 (the mesh) and 14b (the planner): each passes a right answer, and fails a plausible
+"""Graders of lessons 14 (the mesh) and 16 (the planner): each passes a right answer, and fails a plausible
 wrong value and a right value reached the wrong way (a rule that holds only on the lesson's own example, or
 asking the planner)."""
 
+import inspect
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -106,13 +107,18 @@ def test_rank_order_grader():
     assert check_rank_order(best_order)
     # plausible wrong value: Megatron-LM's order whatever the traffic
     assert not check_rank_order(lambda traffic, sizes, gpn: ("tp", "dp", "pp"))
-    # the heaviest traffic fastest: right whenever the heaviest group fits in a node, wrong when it cannot
+    # the heaviest traffic fastest: right on the lesson's cluster, wrong when the heaviest group is too large for
+    # a node, and wrong even when it fits: PP with DP does not fit in a node where PP with TP does
     greedy = lambda traffic, sizes, gpn: tuple(sorted(traffic, key=traffic.get, reverse=True))  # noqa: E731
     sizes = {"dp": 4, "tp": 8, "pp": 2}
     traffic = {"tp": 40e9, "dp": 3e9, "pp": 0.5e9}
     assert cross_node_traffic(traffic, sizes, greedy(traffic, sizes, 8), 8) == cross_node_traffic(
         traffic, sizes, best_order(traffic, sizes, 8), 8
     )
+    sizes, traffic = {"dp": 8, "tp": 4, "pp": 2}, {"tp": 6e9, "dp": 9e9, "pp": 40e9}
+    assert greedy(traffic, sizes, 8) == ("pp", "dp", "tp") and sizes["pp"] <= 8
+    assert cross_node_traffic(traffic, sizes, ("pp", "dp", "tp"), 8) == 168e9
+    assert cross_node_traffic(traffic, sizes, ("tp", "pp", "dp"), 8) == 72e9
     assert not check_rank_order(greedy)
     assert not check_rank_order(lambda traffic, sizes, gpn: ("tp", "dp"))  # not an order of all three
 
@@ -124,6 +130,40 @@ def test_rank_order_grader():
 
     result = check_rank_order(brute_force)
     assert not result and "called llmedu.checks' parallel.cross_node_traffic" in result.failure
+
+
+def fitting_greedy(traffic, sizes, gpus_per_node, weigh_by_groups=False):
+    """Heaviest first among the kinds that still fit in a node (by bytes per group, or per kind in all)."""
+    world = math.prod(sizes.values())
+    weight = {k: traffic[k] * (world // sizes[k] if weigh_by_groups else 1) for k in traffic}
+    inside, used = [], 1
+    for kind in sorted(weight, key=weight.get, reverse=True):
+        if used * sizes[kind] <= gpus_per_node:
+            inside, used = [*inside, kind], used * sizes[kind]
+    return (*inside, *(k for k in sorted(weight, key=weight.get, reverse=True) if k not in inside))
+
+
+def test_rank_order_grader_fails_greedy_rules_that_pass_the_lesson_clusters():
+    """Which groups stay inside a node is a packing problem: the kinds kept inside must fit in a node together,
+    each worth its bytes per group times its number of groups. A greedy rule passes the lesson's four clusters
+    and fails on the grader's further cases, whose best order is found by trying all six."""
+    from llmedu.checks.parallel import _ORDER_CASES, order_cases
+
+    lesson_clusters = _ORDER_CASES[:4]
+    for weigh in (False, True):
+        rule = lambda t, s, g: fitting_greedy(t, s, g, weigh)  # noqa: E731, B023
+        assert all(
+            cross_node_traffic(t, s, rule(t, s, g), g) == cross_node_traffic(t, s, best_order(t, s, g), g)
+            for t, s, g in lesson_clusters
+        )
+        assert not check_rank_order(rule)
+    # the bytes per group alone also fail on clusters drawn at random, not only on the hand-made ones
+    drawn = order_cases()[len(_ORDER_CASES) :]
+    assert len(drawn) == 100 and order_cases() == order_cases()
+    assert any(
+        cross_node_traffic(t, s, fitting_greedy(t, s, g), g) > cross_node_traffic(t, s, best_order(t, s, g), g)
+        for t, s, g in drawn
+    )
 
 
 # -- lesson 16 ---------------------------------------------------------------------------------------------
@@ -224,6 +264,11 @@ def test_pick_40gb_grader(monkeypatch):
     drawn = draw_scenarios(3, seed=1)
     assert len(set(drawn)) == 3 and not set(drawn) & set(SCENARIOS_40GB.values())
     assert draw_scenarios(3, seed=1) == drawn and draw_scenarios(3, seed=2) != drawn
+    # the lesson's check draws with a stated seed: the same three at every run, not a new draw each time
+    assert inspect.signature(check_pick_40gb).parameters["seed"].default == graders.SEED
+    assert draw_scenarios() == draw_scenarios(3, seed=graders.SEED)
+    with pytest.raises(ValueError, match="seed must be an int"):
+        draw_scenarios(3, seed=None)
 
     # a lookup table of the lesson's examples, worked out with the planner outside the function, is not a rule
     table = {}

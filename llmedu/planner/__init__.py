@@ -1,6 +1,6 @@
 """Which parallel layout when, computed: the cost model of a cluster, and the search over layouts.
 
-Lesson 14's second half. Given a model, a cluster and a global batch, ``plan`` enumerates every
+Lesson 16. Given a model, a cluster and a global batch, ``plan`` enumerates every
 DP x TP x PP x CP (x EP) layout with its ZeRO stage, recomputation, micro-batch and offload, keeps the
 ones whose busiest rank fits in memory, and ranks the rest by predicted step time::
 

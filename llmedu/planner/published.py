@@ -45,7 +45,7 @@ class Run:
     layout: Layout
     batch: Batch
     reported_mfu: tuple[float, float]  # low, high (equal when one figure was reported)
-    reported_memory_gib: float | None
+    reported_memory_gb: float | None  # per GPU, in GB (1e9 bytes), as reported
     source: str
     inter: Link | None = None
     flash: bool = True  # FlashAttention (2022 on): no s x s scores kept
@@ -118,9 +118,8 @@ class Comparison:
         low, high = self.run.reported_mfu
         reported = f"{low:.0%}" if low == high else f"{low:.0%}-{high:.0%}"
         gib = self.published.memory_total / 2**30
-        memory = f"{gib:5.1f} GiB" + (
-            f" (reported ~{self.run.reported_memory_gib:g} GB)" if self.run.reported_memory_gib else ""
-        )
+        said = self.run.reported_memory_gb  # GB, as reported: printed in GiB like ours
+        memory = f"{gib:5.1f} GiB" + (f" (reported ~{said * 1e9 / 2**30:.0f} GiB)" if said else "")
         return (
             f"{self.run.name:<18} {str(self.run.layout):<34} fits {'yes' if self.published.fits else 'NO ':<3}  {memory:<30} "
             f"MFU predicted {self.published.mfu:5.1%} vs reported {reported:<7} | planner: {self.chosen.layout} "
