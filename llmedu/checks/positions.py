@@ -9,6 +9,8 @@ Understanding, not retyping the code shown:
     check_sinusoid_wavelength(fn)   fn(i, d_model, base) -> wavelength, in positions, of channel pair i
     check_rope_relative(fn)         fn(q (D,), k (D,), offset, base) -> RoPE score of q at p and k at p - offset
     check_rope_interpolation(fn)    fn(positions (T,), head_dim, train_len, target_len) -> (cos, sin) of PI
+    check_rope_layout(fn)           fn(w (H*D, d_model), n_heads) -> w's rows reordered from the interleaved
+                                    RoPE layout (pairs 2i, 2i+1) to the rotate-half one (pairs i, i + D/2)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "check_sinusoid_wavelength",
     "check_rope_relative",
     "check_rope_interpolation",
+    "check_rope_layout",
 ]
 
 # float32 results of the same formula computed in another order agree to ~1e-6; 1e-5 leaves room
@@ -105,4 +108,52 @@ def check_rope_interpolation(fn) -> CheckResult:
         expected = rope_cos_sin(pos.float() * (train_len / target_len), D)
         case = f"{T} positions, head_dim={D}, trained at {train_len}, used at {target_len}"
         g.compare(case, g.call(fn, pos, D, train_len, target_len), expected, atol=TOL)
+    return g.result()
+
+
+def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Meta's original Llama layout: channels (2i, 2i+1) of x (B, H, T, D) are one complex number, turned by p*theta_i."""
+    D = x.shape[-1]
+    theta = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+    turn = torch.polar(torch.ones(len(positions), D // 2, dtype=torch.float64), positions[:, None] * theta)  # (T, D/2)
+    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], D // 2, 2).contiguous())  # (B, H, T, D/2)
+    return torch.view_as_real(pairs * turn).reshape(x.shape)
+
+
+def _scores(w_q, w_k, x, n_heads, rope):  # x (T, d_model) -> (H, T, T) attention scores after RoPE
+    T = x.shape[0]
+    q = (x @ w_q.T).reshape(T, n_heads, -1).transpose(0, 1)[None]  # (1, H, T, D)
+    k = (x @ w_k.T).reshape(T, n_heads, -1).transpose(0, 1)[None]
+    q, k = rope(q), rope(k)
+    return (q @ k.transpose(-1, -2))[0]
+
+
+def check_rope_layout(fn) -> CheckResult:
+    """``fn(w, n_heads)``: the query/key weight of a checkpoint trained with interleaved RoPE, reordered so that
+    ``apply_rope`` (rotate-half layout, as in ``transformers``) gives the same attention scores.
+    The scores are compared at 12 positions, so a reordering that only keeps q.k at offset 0 fails."""
+    g = Grader("check_rope_layout")
+    for n_heads, D, d_model in ((1, 4, 8), (1, 16, 16), (4, 8, 32), (2, 16, 24)):
+        w_q = torch.randn(n_heads * D, d_model, generator=_gen(D + n_heads), dtype=torch.float64)
+        w_k = torch.randn(n_heads * D, d_model, generator=_gen(D + n_heads + 1), dtype=torch.float64)
+        x = torch.randn(12, d_model, generator=_gen(d_model), dtype=torch.float64)
+        pos = torch.arange(12)
+        cos, sin = rope_cos_sin(pos, D)
+        expected = _scores(w_q, w_k, x, n_heads, lambda t: _rope_interleaved(t, pos))
+        new_q, new_k = g.call(fn, w_q.clone(), n_heads), g.call(fn, w_k.clone(), n_heads)
+        case = f"{n_heads} head(s) of {D} channels, d_model={d_model}"
+        if not g.expect(
+            case,
+            isinstance(new_q, torch.Tensor) and new_q.shape == w_q.shape,
+            f"expected a tensor of shape {tuple(w_q.shape)}, got {getattr(new_q, 'shape', type(new_q))}",
+        ):
+            break
+        rows = torch.sort(new_q.reshape(-1)).values.equal(torch.sort(w_q.reshape(-1)).values)
+        g.expect(case, rows, "the answer must reorder the weight's entries, not change them")
+        got = _scores(new_q.double(), new_k.double(), x, n_heads, lambda t: apply_rope(t, cos.double(), sin.double()))
+        whole = torch.cat([torch.arange(0, n_heads * D, 2), torch.arange(1, n_heads * D, 2)])  # heads ignored
+        if n_heads > 1 and isinstance(new_q, torch.Tensor) and new_q.equal(w_q[whole]):
+            g.expect(case, False, "the rows were reordered across heads: each head's D rows are reordered alone")
+        # rope_cos_sin's angles are float32 (~1e-7 relative) on scores up to ~100: 1e-4 leaves room
+        g.compare(f"{case}: scores of positions 0-11 after RoPE", got, expected, rtol=1e-5, atol=1e-4)
     return g.result()

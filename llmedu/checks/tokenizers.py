@@ -7,7 +7,12 @@
     check_bpe_vs_wordpiece(corpus)    corpus() -> {word: count} on which BPE's first merge differs from
                                       WordPiece's (a design question: build the case)
     check_count_segmentations(count)  count(word, vocab) -> how many ways the word cuts into vocab pieces
-                                      (the lattice Viterbi searches, summed instead of maximised)
+                                      (the lattice Viterbi searches, summed instead of maximised; listing
+                                      them runs out of a budget of executed lines)
+    check_tie_break(predict)          predict() -> {"ids": [...], "bytes": [...]}: the first merges of
+                                      TIE_TEXTS under each tie rule, predicted without running a trainer
+    check_greedy_failure(case)        case() -> (vocab, word): a word the vocabulary can spell that greedy
+                                      longest-match still turns into [UNK]
 
 Each compares your function with the reference in ``llmedu.tokenizers`` on a few cases chosen to
 catch the usual slips (overlapping pairs, a pair at the very end, a word with no match...).
@@ -20,11 +25,14 @@ import itertools
 import json.decoder
 import math
 import random
+import sys
 import textwrap
 from collections import Counter
+from pathlib import Path
 
+from ..tokenizers import BPETokenizer
 from ..tokenizers.pairs import merge_pair as _merge_pair
-from .core import Grader
+from .core import Grader, call_watching
 
 __all__ = [
     "check_count_pairs",
@@ -33,6 +41,9 @@ __all__ = [
     "check_viterbi",
     "check_bpe_vs_wordpiece",
     "check_count_segmentations",
+    "check_tie_break",
+    "check_greedy_failure",
+    "TIE_TEXTS",
     "first_merges",
     "hard_strings",
     "varied_text",
@@ -263,5 +274,75 @@ def check_count_segmentations(count) -> object:
         ("a" * 30, {"a", "aa", "aaa"}),  # ~5e7 ways: enumerating them is not an option
     ]
     for word, vocab in cases:
-        g.compare(f"word={word!r}", g.call(count, word, set(vocab)), _segmentations(word, vocab))
+        got = _call_with_budget(g, count, (word, set(vocab)), 200_000)
+        g.compare(f"word={word!r}", got, _segmentations(word, vocab))
+    return g.result()
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _call_with_budget(g: Grader, fn, args: tuple, lines: int):
+    """``g.call(fn, *args)``, stopped once it has executed ``lines`` lines of Python: counting ~5e7 segmentations
+    by dynamic programming takes a few thousand lines, listing them one by one never ends."""
+    left = [lines]
+
+    def trace(frame, event, arg):
+        if event == "line":
+            left[0] -= 1
+            if left[0] < 0:
+                raise _OverBudget(f"still running after {lines:,} lines of Python: count, do not list")
+        return trace
+
+    sys.settrace(trace)
+    try:
+        return g.call(fn, *args)
+    finally:
+        sys.settrace(None)
+
+
+TIE_TEXTS = ["abcabc", " bcbc"]  # GPT-2's pre-tokenizer keeps " bcbc" whole: the space starts the word
+
+
+def check_tie_break(predict) -> object:
+    """``predict()`` returns {"ids": [t1, t2, t3], "bytes": [...]}: the strings of the first three tokens that
+    ``BPETokenizer().train(TIE_TEXTS, 259, special_tokens=())`` creates under each ``tie_break`` rule, worked out
+    by hand: an answer that runs the library's trainer fails."""
+    g = Grader("check_tie_break")
+    got, called = call_watching(g, predict, (), Path(__file__).parent.parent / "tokenizers")
+    g.expect("how the answer was found", called is None, f"it called {called}: predict the merges by hand")
+    for rule in ("ids", "bytes"):
+        tok = BPETokenizer().train(TIE_TEXTS, 256 + 3, special_tokens=(), tie_break=rule)
+        expected = [tok.id_to_token(new) for new in tok.merges.values()]
+        answer = got.get(rule) if isinstance(got, dict) else got
+        g.compare(f'tie_break="{rule}", the first three merges', answer, expected)
+    return g.result()
+
+
+def _spellings(word: str, vocab: set[str]) -> int:  # WordPiece segmentations: "##" on every piece but the first
+    ways = [1] + [0] * len(word)
+    for end in range(1, len(word) + 1):
+        ways[end] = sum(ways[i] for i in range(end) if (word[i:end] if i == 0 else "##" + word[i:end]) in vocab)
+    return ways[-1]
+
+
+def check_greedy_failure(case) -> object:
+    """``case()`` returns (vocab, word): greedy longest-match gives ['[UNK]'], yet a WordPiece segmentation exists."""
+    g = Grader("check_greedy_failure")
+    got = g.call(case)
+    ok = isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], str) and got[1]
+    if g.expect("the answer", bool(ok), f"expected (a set of pieces, a non-empty word), got {got!r:.80}"):
+        vocab, word = set(got[0]), got[1]
+        g.expect(
+            "greedy longest-match",
+            wordpiece_reference(word, vocab) == ["[UNK]"],
+            f"greedy cuts {word!r} into {wordpiece_reference(word, vocab)}, not [UNK]",
+        )
+        g.expect(
+            "the vocabulary spells the word",
+            _spellings(word, vocab) > 0,
+            f"no segmentation of {word!r} exists (a piece after the first needs its '##'): [UNK] is "
+            "then the right answer, not a failure of greed",
+        )
     return g.result()
