@@ -41,7 +41,7 @@ to the one before. ``message_order`` gives, for every pair of ranks, the one ord
 the messages between them (NCCL pairs sends and receives by that order alone, not by tag).
 
 ``simulate`` runs any schedule with given action times (free communication unless given a latency
-per message) and refuses a schedule that cannot run (a stage waiting for work that comes after it).
+per message; sends overlapped with compute, or ``blocking`` their rank until delivered) and refuses a schedule that cannot run (a stage waiting for work that comes after it).
 With free communication its step times equal the formulas above
 (tests/test_parallel_pipeline_schedules.py). Left out: ZB-H2 and ZB-V (more memory or a V-shaped
 layout for zero bubble), Megatron's rule for m not a multiple of p in the interleaved schedule, and
@@ -148,20 +148,32 @@ def schedule(name: str, n_micro: int, n_stages: int, stage: int, n_chunks: int =
     return SCHEDULES[name](n_micro, n_stages, stage, n_chunks)
 
 
-def simulate(per_rank: list[list[Action]], times: dict[str, float] | None = None, latency: float = 0.0) -> list[dict]:
-    """Run the ranks' action lists with durations ``times`` (default F 1, B 2, I 1, W 1), each message
-    between stages arriving ``latency`` after it is sent; each action starts once its rank is free
-    and its inputs have arrived. Returns events
-    (rank, lane, label, start, end) as ``Pipeline`` records them; ValueError if the lists are not
-    a valid schedule (an action twice, a backward before its forward, or ranks waiting on each other).
+def simulate(
+    per_rank: list[list[Action]], times: dict | list[dict] | None = None, latency: float = 0.0, blocking: bool = False
+) -> list[dict]:
+    """Run the ranks' action lists with durations ``times`` (default F 1, B 2, I 1, W 1; a list of such
+    dicts gives each rank its own), each message between stages arriving ``latency`` after it is sent;
+    each action starts once its rank is free and its inputs have arrived. ``blocking``: a send holds its
+    rank until the message has arrived (no overlap of sends with compute; a "comm" event each), else it
+    leaves at once. Returns events (rank, lane, label, start, end) as ``Pipeline`` records them;
+    ValueError if the lists are not a valid schedule (an action twice, a backward before its forward,
+    or ranks waiting on each other).
     """
-    return _simulate(per_rank, times, latency)[0]
+    return _simulate(per_rank, times, latency, blocking)[0]
 
 
-def _simulate(per_rank, times=None, latency=0.0) -> tuple[list[dict], dict[tuple[str, int, int], float]]:
+def _simulate(
+    per_rank, times=None, latency=0.0, blocking=False
+) -> tuple[list[dict], dict[tuple[str, int, int], float]]:
     """``simulate``'s events, and the end time of every action as {(kind, micro, global stage): time}."""
-    times = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0, **(times or {})}
     p = len(per_rank)
+    default = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+    if isinstance(times, (list, tuple)):
+        if len(times) != p:
+            raise ValueError(f"times gives {len(times)} ranks their durations, but the schedule has {p} ranks")
+        durations = [{**default, **t} for t in times]
+    else:
+        durations = [{**default, **(times or {})}] * p
     last = p * (1 + max(a.chunk for actions in per_rank for a in actions)) - 1  # the last global stage
     grad_kind = {}  # (micro, global stage) -> "B" or "I": the action that sends the input gradient
     for r, actions in enumerate(per_rank):
@@ -191,8 +203,12 @@ def _simulate(per_rank, times=None, latency=0.0) -> tuple[list[dict], dict[tuple
                 if any(n not in done for n in needs):
                     break
                 start = max([free[r]] + [done[n] + latency for n in needs])
-                free[r] = done[(a.kind, a.micro, g)] = start + times[a.kind]
+                free[r] = done[(a.kind, a.micro, g)] = start + durations[r][a.kind]
                 events.append(dict(rank=r, lane="compute", label=f"{names[a.kind]}: {a}", start=start, end=free[r]))
+                sends = (a.kind == "F" and g < last) or (a.kind in "BI" and g > 0)
+                if blocking and sends and latency > 0:  # the rank waits until its message has arrived
+                    events.append(dict(rank=r, lane="comm", label=f"send: {a}", start=free[r], end=free[r] + latency))
+                    free[r] += latency
                 nxt[r] += 1
                 progress = True
         if not progress:
