@@ -104,19 +104,31 @@ class Mailbox:
     ``order`` lists this rank's messages as ("send" or "recv", peer, key) in the order it must post them
     (every pair of ranks must post the messages between them in the same order). ``send(key, tensor)``
     posts the send together with the receives that come before it; ``recv(key)`` posts the receives up
-    to ``key`` (if not posted yet) and waits for ``key``'s. A receive posted early lands in its own
-    buffer (``new_buffer(key)``) and stays there until asked for. Sends must come in the agreed order:
+    to ``key`` (if not posted yet) and waits for ``key``'s; both then post the receives that follow, up
+    to the next send, so that messages can arrive while the rank computes. A receive posted early lands
+    in its own buffer (``new_buffer(key)``) and stays there until asked for. ``post``: a ``Link``'s
+    (default: this module's ``post``); ``blocking_sends`` makes ``send`` wait until its message has left (no overlap). Sends must come in the agreed order:
     that the rank computes them in that order is for whoever makes the order to guarantee.
     """
 
-    def __init__(self, order: list[tuple], new_buffer: Callable[[Hashable], torch.Tensor], log=None):
+    def __init__(
+        self,
+        order: list[tuple],
+        new_buffer: Callable[[Hashable], torch.Tensor],
+        log=None,
+        post: Callable | None = None,
+        blocking_sends: bool = False,
+    ):
         self.queue = deque(order)  # not yet posted
-        self.new_buffer, self.log = new_buffer, log
+        self.new_buffer, self.log, self.post, self.blocking_sends = new_buffer, log, post, blocking_sends
         self.posted: dict = {}  # key -> (buffer, handle): receives posted, perhaps not yet arrived
         self.sending: list = []  # handles of the sends posted
 
     def send(self, key: Hashable, tensor: torch.Tensor) -> None:
         self._post_through(key, tensor)
+        if self.blocking_sends:  # like dist.send: the rank waits until the message has left
+            with self.log.span("comm", f"send {key}") if self.log else nullcontext():
+                self.sending[-1].wait()
 
     def recv(self, key: Hashable) -> torch.Tensor:
         if key not in self.posted:
@@ -151,7 +163,21 @@ class Mailbox:
                 recvs.append((self.new_buffer(next_key), peer, next_key))
             if next_key == key:
                 break
-        handles = post(sends, [(buffer, peer) for buffer, peer, _ in recvs])
+        handles = (self.post or post)(sends, [(buffer, peer) for buffer, peer, _ in recvs])
         for (buffer, _, k), handle in zip(recvs, handles):
             self.posted[k] = (buffer, handle)
         self.sending += handles[len(recvs) :]
+        self._post_ahead()
+
+    def _post_ahead(self) -> None:
+        """Post the receives that come next in the order, up to this rank's next send, as their own batch:
+        a message can then arrive while the rank computes (a receive posted late would start its
+        transfer late). Posting in the agreed order keeps every pair of ranks matched."""
+        recvs = []
+        while self.queue and self.queue[0][0] == "recv":
+            _, peer, k = self.queue.popleft()
+            recvs.append((self.new_buffer(k), peer, k))
+        for (buffer, _, k), handle in zip(
+            recvs, (self.post or post)([], [(buffer, peer) for buffer, peer, _ in recvs])
+        ):
+            self.posted[k] = (buffer, handle)

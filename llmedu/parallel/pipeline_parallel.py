@@ -21,7 +21,13 @@ the m backwards add up in ``.grad``. Messages between two ranks are matched by t
 in, as NCCL matches them (tags are ignored there): both ranks post them in the order ``message_order``
 derives from the schedule, through a ``Mailbox`` (p2p.py).
 
-Left out: sending shapes (every stage is told the activation shape), overlap of sends with compute.
+Sends leave without waiting (``isend``): the rank computes while its message travels, and it posts its
+next receives early, so that an incoming message can travel meanwhile too. ``overlap=False`` waits for
+each send instead, as a blocking ``dist.send`` would; ``link=Link(alpha, beta)`` gives every message a
+known time (link.py), so that the time a pipeline hides can be measured (``pipeline_study``).
+
+Left out: sending shapes (every stage is told the activation shape), and a separate stream per
+direction for the sends (a GPU's copy engines).
 """
 
 from __future__ import annotations
@@ -58,11 +64,23 @@ class Pipeline:
     ``stage`` is this rank's module, or a list of its v chunks (chunk c: global stage c*p + index, see
     ``stage_chunks``) for the interleaved schedule. ``loss_fn(output, target)`` is used on the last
     stage. ``act_shape(micro_input)`` gives the shape of the activations that cross between stages
-    (every stage is told, none is sent it).
+    (every stage is told, none is sent it). ``link``: a ``Link`` that carries (and times) the messages
+    between stages; ``overlap=False``: each send holds the rank until it has left.
     """
 
-    def __init__(self, stage, ranks: list[int], loss_fn: Callable, act_shape: Callable, dtype=torch.float32):
+    def __init__(
+        self,
+        stage,
+        ranks: list[int],
+        loss_fn: Callable,
+        act_shape: Callable,
+        dtype=torch.float32,
+        *,
+        link=None,
+        overlap: bool = True,
+    ):
         self.stage, self.ranks, self.loss_fn, self.act_shape, self.dtype = stage, list(ranks), loss_fn, act_shape, dtype
+        self.link, self.overlap = link, overlap  # what carries the messages; whether sends overlap compute
         self.chunks = list(stage) if isinstance(stage, (list, tuple, nn.ModuleList)) else [stage]
         self.index, self.n_stages = _my_index(self.ranks), len(self.ranks)  # this rank's place in the pipeline
         self.is_first, self.is_last = self.index == 0, self.index == self.n_stages - 1
@@ -82,8 +100,10 @@ class Pipeline:
             [(kind, self.ranks[q], m) for kind, q, m in message_order(schedule_name, n_micro, p, self.index, v)],
             new_buffer=lambda m: torch.empty(self.act_shape(micro_in[m.micro]), dtype=self.dtype, device=inputs.device),
             log=self.log,
+            post=self.link.post if self.link is not None else None,
+            blocking_sends=not self.overlap,
         )
-        stash, total = {}, torch.zeros((), device=inputs.device)
+        stash, total = {}, torch.zeros((), dtype=self.dtype, device=inputs.device)  # the loss in the run's dtype
         self.peak_in_flight = 0
         for a in schedule(schedule_name, n_micro, p, self.index, v):
             i, c, g = a.micro, a.chunk, a.chunk * p + self.index  # g: the global stage
