@@ -1,0 +1,121 @@
+"""Measuring pipeline schedules on a shared CPU: stages of known time, a link of known latency, repeats.
+
+This is the rig of lesson 13, not the technique (``pipeline_parallel.py``). Two questions a 2-core
+machine cannot answer by timing real layers get controlled parts instead:
+
+* **the bubble**: every stage is a ``SleepStage`` (forward ``t_f``; backward ``2 t_f``, half input and
+  half weight gradient), so a step's idle share can be set beside (p-1)/(m+p-1) and its kin;
+* **hidden communication**: the messages between stages go over a ``Link`` (link.py): each arrives
+  ``alpha + bytes / beta`` after it is sent, the wait a sleep in a background thread, like a network
+  card. With ``overlap=False`` each send holds its rank until it has left.
+
+``time_steps`` runs in every rank of a ``launch``; ``gather`` puts the ranks' results together (a step
+lasts until its slowest rank ends); ``predicted_step`` is the model: ``simulate`` with the same
+durations and latency. ``loss_gaps`` trains the pipeline and one process side by side and returns the
+per-step gap between their losses, in any dtype.
+
+Left out: real layers (see ``benchmarks/bench_pipeline.py`` for the schedules on a GPT), and
+contention between the messages of one link, which the model ignores (each rank's link carries one
+message per direction at a time; with ``alpha`` below ``t_f`` they rarely meet).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from ..models import CausalLM, TransformerConfig
+from ..models.gpt import lm_loss
+from .link import Link
+from .pipeline_parallel import Pipeline, stage_chunks
+from .pipeline_schedules import schedule, simulate
+from .pipeline_stages import SleepStage
+
+__all__ = ["time_steps", "gather", "message_seconds", "predicted_step", "quartiles", "verdict", "loss_gaps"]
+
+ROWS, WIDTH = 4, 64  # one micro-batch: (ROWS, WIDTH) float32, 1 KiB per message
+
+
+def _mse(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (y - target).pow(2).mean()
+
+
+def time_steps(name: str, n_micro: int, t_f: float, repeats: int, n_chunks: int = 1, link=None, overlap=True):
+    """On each rank: one warm-up step, then ``repeats`` timed steps of schedule ``name`` with stages of
+    forward ``t_f`` seconds (a rank's ``n_chunks`` chunks share it), over ``Link(*link)`` if given.
+    Returns this rank's step ends, events of every step (seconds from the step's start) and peak."""
+    torch.manual_seed(0)
+    chunks = [SleepStage(WIDTH, t_f / n_chunks) for _ in range(n_chunks)]  # one stage's work, cut in n_chunks
+    wire = Link(*link) if link is not None else None
+    pipe = Pipeline(chunks, list(range(dist.get_world_size())), _mse, lambda x: x.shape, link=wire, overlap=overlap)
+    x = torch.randn(ROWS * n_micro, WIDTH)
+    pipe.step(x, x, n_micro, name)  # warm-up
+    ends, events = [], []
+    for _ in range(repeats):
+        pipe.log.restart()  # a barrier, then time zero
+        pipe.step(x, x, n_micro, name)
+        ends.append(pipe.log.now())
+        events.append(list(pipe.log.events))
+    return dict(ends=ends, events=events, peak=pipe.peak_in_flight)
+
+
+def gather(per_rank: list[dict]) -> tuple[list[float], list[list[dict]]]:
+    """The step times (the slowest rank's end, per repeat) and each repeat's events of all ranks."""
+    steps = [max(ends) for ends in zip(*(r["ends"] for r in per_rank))]
+    events = [[e for r in per_rank for e in r["events"][i]] for i in range(len(steps))]
+    return steps, events
+
+
+def message_seconds(alpha: float, beta: float) -> float:
+    """The time of one message between stages on ``Link(alpha, beta)``: one micro-batch's activation."""
+    return Link(alpha, beta).message_time(ROWS * WIDTH * 4)
+
+
+def predicted_step(name, n_stages, n_micro, t_f, n_chunks=1, latency=0.0, blocking=False) -> float:
+    """The model: ``simulate`` with F t_f/v, B 2t_f/v (zb-h1: F, I, W t_f each) and ``latency`` per message."""
+    v = n_chunks
+    times = {"F": t_f / v, "B": 2 * t_f / v, "I": t_f / v, "W": t_f / v}
+    per_rank = [schedule(name, n_micro, n_stages, r, v) for r in range(n_stages)]
+    return max(e["end"] for e in simulate(per_rank, times, latency, blocking))
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q1, q3
+
+
+def verdict(a: list[float], b: list[float]) -> str:
+    """Is the difference between two samples' medians beyond their spread?"""
+    (a1, a3), (b1, b3) = quartiles(a), quartiles(b)
+    return "resolved (the quartile ranges do not overlap)" if a3 < b1 or b3 < a1 else "not resolved beyond the spread"
+
+
+def loss_gaps(name: str, n_micro: int, steps: int, dtype: torch.dtype, config: dict, batch: int = 12) -> dict:
+    """Train a ``CausalLM`` with AdamW for ``steps`` steps as a pipeline over this launch's ranks and, on
+    the last rank, as one process; returns {"gaps": |pipeline loss - one process's loss|, "losses": one
+    process's loss} per step on the last rank (empty lists elsewhere). Both start from the same weights
+    and see the same batches."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    cfg = TransformerConfig(**config)
+    torch.manual_seed(0)
+    chunks = stage_chunks(CausalLM(cfg).to(dtype), rank, p)
+    pipe = Pipeline(chunks, list(range(p)), lm_loss, lambda x: (*x.shape, cfg.d_model), dtype=dtype)
+    torch.manual_seed(0)
+    oracle = CausalLM(cfg).to(dtype)  # the same initial weights: the same seed, the same order of draws
+    opt, opt_one = torch.optim.AdamW(chunks.parameters(), lr=1e-2), torch.optim.AdamW(oracle.parameters(), lr=1e-2)
+    data, gaps, losses = torch.Generator().manual_seed(1), [], []
+    for _ in range(steps):
+        ids = torch.randint(0, cfg.vocab_size, (batch, cfg.max_seq_len), generator=data)  # (B, T)
+        opt.zero_grad()
+        loss = pipe.step(ids, ids, n_micro, name)
+        opt.step()
+        if pipe.is_last:
+            opt_one.zero_grad()
+            one = lm_loss(oracle(ids), ids)
+            one.backward()
+            opt_one.step()
+            gaps.append((loss - one.detach()).abs().item())
+            losses.append(one.item())
+    return dict(gaps=gaps, losses=losses)
