@@ -42,6 +42,33 @@ def test_online_logsumexp_passes_the_running_max_and_sum():
     assert check_online_logsumexp(running_logsumexp)
 
 
+def padded_in_float64(x, block):  # the whole row copied first (padded, cast), then read block by block
+    return running_logsumexp(F.pad(x, (0, -x.shape[-1] % block), value=-math.inf).double(), block).float()
+
+
+def test_online_logsumexp_passes_a_padded_copy_read_once():
+    assert check_online_logsumexp(padded_in_float64)
+
+
+def two_passes(x, block):  # stable, block by block: the maximum over the blocks, then the sum over them again
+    m = torch.full(x.shape[:-1], -math.inf)
+    for j in range(0, x.shape[-1], block):
+        m = torch.maximum(m, x[..., j : j + block].amax(-1))
+    safe = m.masked_fill(m == -math.inf, 0.0)
+    s = torch.zeros(x.shape[:-1])
+    for j in range(0, x.shape[-1], block):
+        s = s + torch.exp(x[..., j : j + block] - safe[..., None]).sum(-1)
+    return safe + torch.log(s)
+
+
+def test_online_logsumexp_fails_two_passes_over_the_blocks(capsys):
+    capsys.readouterr()
+    assert not check_online_logsumexp(two_passes)
+    assert "a second pass over the row" in capsys.readouterr().out
+    # two passes over a padded copy of x: the copy is followed as x
+    assert not check_online_logsumexp(lambda x, b: two_passes(F.pad(x, (0, -x.shape[-1] % b), value=-math.inf), b))
+
+
 def test_online_logsumexp_fails_a_plausible_wrong_value(capsys):
     assert not check_online_logsumexp(lambda x, b: running_logsumexp(x, b, guard=False))  # NaN on a -inf block
     assert "all -inf" in capsys.readouterr().out
@@ -123,8 +150,72 @@ def tiles_merged_by_logsumexp(q, k, v, block):  # tiled, but torch.logsumexp/log
     return out
 
 
+def rows_transposed(q, k, v, block):  # each query tile against all keys at once, the keys in the first dims
+    rows = [
+        (torch.softmax(k @ q[:, :, i : i + block].mT * q.shape[-1] ** -0.5, dim=-2).mT @ v)
+        for i in range(0, q.shape[2], block)
+    ]
+    return torch.cat(rows, 2)
+
+
+def key_tiles_only(q, k, v, block):  # the online softmax over key tiles, but every query at once
+    m, l, o = torch.full(q.shape[:-1], -math.inf), torch.zeros(q.shape[:-1]), torch.zeros_like(q)
+    for j in range(0, k.shape[2], block):
+        s = q @ k[:, :, j : j + block].mT * q.shape[-1] ** -0.5
+        m_new = torch.maximum(m, s.amax(-1))
+        p, c = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+        l, o, m = c * l + p.sum(-1), c[..., None] * o + p @ v[:, :, j : j + block], m_new
+    return o / l[..., None]
+
+
+def two_passes_over_keys(q, k, v, block):  # per query tile: the maximum over the key tiles, then the rest again
+    out = torch.empty_like(q)
+    for i in range(0, q.shape[2], block):
+        qi = q[:, :, i : i + block]
+        m = torch.full(qi.shape[:-1], -math.inf)
+        for j in range(0, k.shape[2], block):
+            m = torch.maximum(m, (qi @ k[:, :, j : j + block].mT * q.shape[-1] ** -0.5).amax(-1))
+        l, o = torch.zeros(qi.shape[:-1]), torch.zeros_like(qi)
+        for j in range(0, k.shape[2], block):
+            p = torch.exp(qi @ k[:, :, j : j + block].mT * q.shape[-1] ** -0.5 - m[..., None])
+            l, o = l + p.sum(-1), o + p @ v[:, :, j : j + block]
+        out[:, :, i : i + block] = o / l[..., None]
+    return out
+
+
+def scaled_and_split(q, k, v, block):  # a right answer that scales q and k whole and splits them first
+    q, k = q * q.shape[-1] ** -0.25, k * q.shape[-1] ** -0.25
+    outs = []
+    for qi in q.split(block, dim=2):
+        m, l, o = torch.full(qi.shape[:-1], -math.inf), torch.zeros(qi.shape[:-1]), torch.zeros_like(qi)
+        for kj, vj in zip(k.split(block, dim=2), v.split(block, dim=2)):
+            s = qi @ kj.mT
+            m_new = torch.maximum(m, s.amax(-1))
+            p, c = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+            l, o, m = c * l + p.sum(-1), c[..., None] * o + p @ vj, m_new
+        outs.append(o / l[..., None])
+    return torch.cat(outs, 2)
+
+
 def test_tiled_attention_passes_the_online_softmax():
     assert check_tiled_attention(tiled)
+    assert check_tiled_attention(scaled_and_split)
+    # the course's kernel, tiles in both loops: its loads and stores are views and copies
+    assert check_tiled_attention(lambda q, k, v, b: flash_attention(q, k, v, block_size=b))
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (rows_transposed, "all 40 keys at once"),
+        (key_tiles_only, "all 48 queries at once"),
+        (two_passes_over_keys, "a second pass over the keys"),
+    ],
+)
+def test_tiled_attention_fails_answers_that_are_not_tiled_both_ways_in_one_pass(wrong, message, capsys):
+    capsys.readouterr()
+    assert not check_tiled_attention(wrong)
+    assert message in capsys.readouterr().out
 
 
 def test_tiled_attention_fails_a_plausible_wrong_value(capsys):

@@ -1,4 +1,4 @@
-"""Graders for lessons 17 (FlashAttention) and 16 (PagedAttention).
+"""Graders for lessons 17 (FlashAttention) and 18 (PagedAttention).
 
 check_online_logsumexp(fn)   fn(x, block) -> logsumexp over the last dim, reading `block` columns at a time
 check_tiled_attention(fn)    fn(q, k, v, block) -> softmax(q k^T / sqrt(D)) v, tile by tile
@@ -10,23 +10,19 @@ check_kv_waste(fn)           fn(lengths, max_len, block_size, bytes_per_token) -
 check_fork_tables(fn)        fn(prompt_len, block_size, n_samples) -> block tables after a fork and one append each
 check_blocks_needed(fn)      fn(length, n_new, block_size, n_blocks, last_block_shared) -> fresh blocks (find the bug)
 
-The first two grade the method as well as the value: every ATen op the function runs is recorded
-(``torch.utils._python_dispatch.TorchDispatchMode``); their docstrings say which ops and tensor sizes fail.
+The first two grade the method as well as the value (every ATen op the function runs is recorded); they live
+in ``tiling.py`` and are imported here, where lesson 17 finds them.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..inference.paged_attention import PagedKVCache, gather_kv
 from ..kernels import flash_attention
 from ..kernels.traffic import counting
 from .core import Grader
+from .tiling import check_online_logsumexp, check_tiled_attention
 
 __all__ = [
     "check_online_logsumexp",
@@ -39,151 +35,6 @@ __all__ = [
     "check_fork_tables",
     "check_blocks_needed",
 ]
-
-
-def _first_block_masked() -> torch.Tensor:
-    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1))
-    x[0, :5], x[2] = -math.inf, -math.inf  # a first block masked; a row masked whole
-    return x
-
-
-# reductions: inputs per output element; scans (cumsum, ...): the length of the scanned dim (args[1])
-_REDUCTIONS = {"amax", "amin", "max", "min", "sum", "mean", "prod", "nansum", "argmax", "argmin", "logsumexp"}
-_REDUCTIONS |= {"norm", "linalg_vector_norm", "all", "any", "var", "std", "median", "aminmax", "sort", "topk"}
-_SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Records (op, is_view, input shapes, output shapes, elements folded into each result) of every ATen op."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-
-        def shapes(tree):
-            return [tuple(t.shape) for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
-
-        ins, outs, name = shapes((args, kwargs)), shapes(out), func.overloadpacket.__name__
-        folded = math.prod(ins[0]) // max(1, math.prod(outs[0])) if name in _REDUCTIONS and ins and outs else 1
-        if name in _SCANS and ins and ins[0]:
-            folded = ins[0][args[1] if len(args) > 1 else kwargs["dim"]]
-        self.calls.append((func, func.is_view, ins, outs, folded))
-        return out
-
-
-def _recorded(g: Grader, fn, *args):
-    """``g.call(fn, *args)`` with its ops recorded: (result, calls)."""
-    with _OpRecorder() as recorder:
-        got = g.call(fn, *args)
-    return got, recorder.calls
-
-
-# ops that only move or copy data: they may touch the whole input (a clone, padding to a multiple of the block)
-_COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.constant_pad_nd", "aten.cat", "aten.detach")
-# ops that do the merge of two logsumexps themselves: the exercises ask for it written out
-_MERGES = ("aten.logsumexp", "aten.logaddexp")
-
-
-def _expect_none(g: Grader, description: str, found: list, detail) -> None:
-    """One case: no op may be ``found``; ``detail(*found[0])`` names the first that was."""
-    g.expect(description, not found, detail(*found[0]) if found else "")
-
-
-def _expect_no_merge_op(g: Grader, case: str, calls) -> None:
-    merges = [(str(func),) for func, *_ in calls if str(func).startswith(_MERGES)]
-    detail = "it calls {}, which does the merge for you".format
-    _expect_none(g, f"{case}: the running maximum and sum written out", merges, detail)
-
-
-def check_online_logsumexp(fn):
-    """``fn(x, block)``: logsumexp of x (..., N) over the last dim, one pass over blocks of columns.
-
-    The method: no op but a view or a copy may read a tensor whose last dimension is longer than ``block``
-    (``torch.logsumexp(x, -1)``, or ``x.max(-1)`` over the whole row, fails), no reduction may fold more than
-    ``block`` elements into one result (``x.mT.amax(0)``, or an ``amax((-2, -1))`` over all blocks at once, fails),
-    and none may be ``torch.logsumexp`` or ``torch.logaddexp`` (per block, they would do the merge).
-    """
-    g = Grader("check_online_logsumexp")
-    gen = torch.Generator().manual_seed(0)
-    cases = [
-        ("small values", torch.randn(3, 10, generator=gen), 4),
-        ("one block", torch.randn(2, 7, generator=gen), 16),
-        ("values near 1000 (exp overflows without the running max)", 1000 + torch.randn(4, 33, generator=gen), 8),
-        (
-            "rows with -inf entries",
-            torch.randn(2, 12, generator=gen).masked_fill(torch.arange(12) % 3 == 0, -math.inf),
-            5,
-        ),
-        # a first block with nothing in it (running max -inf), and a row that is all -inf (answer -inf):
-        # exp(m - m_new) with m = m_new = -inf is NaN unless the update guards it
-        ("a row whose first block is all -inf", _first_block_masked(), 5),
-    ]
-    recorded = []
-    for name, x, block in cases:  # the values first, then the method
-        case = f"{name}, x of shape {tuple(x.shape)}, block {block}"
-        got, calls = _recorded(g, fn, x.clone(), block)
-        g.compare(case, got, torch.logsumexp(x, dim=-1), atol=1e-4, rtol=1e-6)
-        recorded.append((case, block, calls))
-    for case, block, calls in recorded:
-        wide = [
-            (func, s)
-            for func, is_view, ins, *_ in calls
-            if not is_view and not str(func).startswith(_COPIES)
-            for s in ins
-            if s and s[-1] > block
-        ]
-        _expect_none(g, f"{case}: {block} columns at a time", wide, "{} read a tensor of shape {}".format)
-        folds = [(func, n, ins[0]) for func, _, ins, _, n in calls if n > block]
-        detail = "{} folded {} elements of a tensor of shape {} into each result".format
-        _expect_none(g, f"{case}: each reduction over at most {block} elements", folds, detail)
-        _expect_no_merge_op(g, case, calls)
-    return g.result()
-
-
-_FUSED_ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
-
-
-def check_tiled_attention(fn):
-    """``fn(q, k, v, block)``: non-causal attention, q (B, H, Tq, D), k and v (B, H, Tk, D).
-
-    The method: no fused attention op (``F.scaled_dot_product_attention``), and on the last case, where a tile
-    holds 64 scores and one head's score matrix 1,920, no op may produce 1,920 elements or more, nor (unless it
-    only allocates or copies) a last dimension over ``block`` (a query tile's scores against all keys); nor may
-    it call ``torch.logsumexp`` or ``torch.logaddexp`` to carry the normaliser.
-    """
-    g = Grader("check_tiled_attention")
-    gen = torch.Generator().manual_seed(0)
-    recorded = []
-    for B, H, Tq, Tk, D, block, sizes_checked in [
-        (1, 1, 8, 8, 4, 4, False),
-        (2, 3, 13, 21, 8, 8, False),
-        (1, 2, 5, 40, 16, 16, False),
-        (1, 1, 3, 3, 4, 64, False),
-        (1, 2, 48, 40, 4, 8, True),  # one head's (Tq, Tk) matrix is 5x q, k, v or the output, 30x a tile
-    ]:
-        q, k, v = (torch.randn(B, H, T, D, generator=gen) for T in (Tq, Tk, Tk))
-        k = k * 4  # large scores: a missing rescaling by exp(m_old - m_new) shows up
-        case = f"Tq={Tq}, Tk={Tk}, D={D}, block={block}"
-        got, calls = _recorded(g, fn, q, k, v, block)
-        g.compare(case, got, F.scaled_dot_product_attention(q, k, v), atol=1e-5)
-        recorded.append((case, Tq, Tk, block, sizes_checked, calls))
-    for case, Tq, Tk, block, sizes_checked, calls in recorded:  # the values first, then the method
-        fused = [(str(func),) for func, *_ in calls if any(name in str(func) for name in _FUSED_ATTENTION)]
-        _expect_none(g, f"{case}: tile by tile", fused, "it calls {}, a fused attention".format)
-        if sizes_checked:
-            made = [(str(func), out, ins) for func, is_view, ins, outs, _ in calls if not is_view for out in outs]
-            big = [(func, out) for func, out, _ in made if math.prod(out) >= Tq * Tk]
-            detail = f"{{}} produced a tensor of shape {{}}, as large as one head's {Tq} x {Tk} scores".format
-            _expect_none(g, f"{case}: no (Tq, Tk) matrix", big, detail)
-            # ops that only allocate (read no tensor) or copy may hold a whole row of q, k, v or o
-            wide = [(f, out) for f, out, ins in made if ins and not f.startswith(_COPIES) and out and out[-1] > block]
-            detail = f"{{}} produced a tensor of shape {{}}: more than {block} keys, a tile, at once".format
-            _expect_none(g, f"{case}: at most {block} keys at a time", wide, detail)
-        _expect_no_merge_op(g, case, calls)
-    return g.result()
 
 
 def _causal_tiles(Tq: int, Tk: int, block: int) -> int:

@@ -1,4 +1,4 @@
-"""Graders for lessons 12 (tensor parallel), 12 (pipeline parallel) and 13 (3D parallelism).
+"""Graders for lessons 12 (tensor parallel), 13 (pipeline parallel) and 14 (3D parallelism).
 
 All run in this process, in a fraction of a second: the "ranks" of the tensor-parallel exercises are
 the pieces of a split matrix, multiplied one after the other. Lesson 14's graders fail a function that asks
@@ -9,6 +9,7 @@ they record every call into the graders' files while the learner's function runs
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ __all__ = [
     "check_nodes_spanned",
     "check_equivalent_lr",
     "check_rank_order",
+    "order_cases",
 ]
 
 
@@ -283,17 +285,37 @@ def check_equivalent_lr(fn: Callable[[str, str, float, int, int], float]) -> Che
 
 _ORDER_CASES = [  # (bytes per group per step by kind, sizes, GPUs per node)
     ({"tp": 40e9, "dp": 3e9, "pp": 0.5e9}, {"dp": 4, "tp": 8, "pp": 2}, 8),
-    ({"tp": 40e9, "dp": 3e9, "pp": 0.5e9}, {"dp": 2, "tp": 16, "pp": 2}, 8),
+    ({"tp": 40e9, "dp": 3e9, "pp": 0.5e9}, {"dp": 2, "tp": 16, "pp": 2}, 8),  # TP too large for a node
     ({"tp": 1e9, "dp": 6e9, "pp": 0.2e9}, {"dp": 2, "tp": 4, "pp": 4}, 8),
     ({"tp": 8e9, "dp": 2e9, "pp": 9e9}, {"dp": 2, "tp": 2, "pp": 2}, 4),
+    # PP's groups are the heaviest and fit in a node, but PP with DP does not fit while PP with TP does
+    ({"tp": 6e9, "dp": 9e9, "pp": 40e9}, {"dp": 8, "tp": 4, "pp": 2}, 8),
+    # TP's 8 groups send the most of any one kind, DP's 16 and PP's 32 together more, and those two fit together
+    ({"tp": 12.5e9, "dp": 4e9, "pp": 1.5e9}, {"dp": 4, "tp": 8, "pp": 2}, 8),
 ]
+
+
+def order_cases(n_drawn: int = 100, seed: int = 0) -> list[tuple[dict, dict, int]]:
+    """``check_rank_order``'s cases: the ones above, then ``n_drawn`` clusters drawn at random (degrees and GPUs
+    per node powers of two, as on real clusters; 1 to 60 GB per group of each kind)."""
+    rng = random.Random(seed)
+    drawn = [
+        (
+            {k: rng.randint(1, 60) * 1e9 for k in KINDS},
+            {k: 2 ** rng.randint(0, 3) for k in KINDS},
+            rng.choice((2, 4, 8, 16)),
+        )
+        for _ in range(n_drawn)
+    ]
+    return _ORDER_CASES + drawn
 
 
 def check_rank_order(fn: Callable[[dict, dict, int], tuple]) -> CheckResult:
     """``fn(traffic, sizes, gpus_per_node)`` -> an order (fastest first) that sends the fewest bytes between
-    nodes (``cross_node_traffic``); any order that ties with the best passes."""
+    nodes (``cross_node_traffic``), on the cases of ``order_cases``, each held to the best of the six orders; any
+    order that ties with the best passes."""
     g = Grader("check_rank_order")
-    for traffic, sizes, gpn in _ORDER_CASES:
+    for traffic, sizes, gpn in order_cases():
         order = _without_reference(g, fn, dict(traffic), dict(sizes), gpn)
         what = f"traffic {traffic}, sizes {sizes}, {gpn} GPUs a node"
         if not g.expect(
