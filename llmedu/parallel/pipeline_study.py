@@ -93,10 +93,11 @@ def verdict(a: list[float], b: list[float]) -> str:
 
 
 def loss_gaps(name: str, n_micro: int, steps: int, dtype: torch.dtype, config: dict, batch: int = 12) -> dict:
-    """Train a ``CausalLM`` with AdamW for ``steps`` steps as a pipeline over this launch's ranks and, on
+    """Train a ``CausalLM`` with SGD for ``steps`` steps as a pipeline over this launch's ranks and, on
     the last rank, as one process; returns {"gaps": |pipeline loss - one process's loss|, "losses": one
     process's loss} per step on the last rank (empty lists elsewhere). Both start from the same weights
-    and see the same batches."""
+    and see the same four batches in turn, so that the loss falls. (Adam would divide tiny gradients by
+    their own tiny size: on a loss that does not fall it amplifies a rounding difference step by step.)"""
     rank, p = dist.get_rank(), dist.get_world_size()
     cfg = TransformerConfig(**config)
     torch.manual_seed(0)
@@ -104,10 +105,11 @@ def loss_gaps(name: str, n_micro: int, steps: int, dtype: torch.dtype, config: d
     pipe = Pipeline(chunks, list(range(p)), lm_loss, lambda x: (*x.shape, cfg.d_model), dtype=dtype)
     torch.manual_seed(0)
     oracle = CausalLM(cfg).to(dtype)  # the same initial weights: the same seed, the same order of draws
-    opt, opt_one = torch.optim.AdamW(chunks.parameters(), lr=1e-2), torch.optim.AdamW(oracle.parameters(), lr=1e-2)
+    opt, opt_one = torch.optim.SGD(chunks.parameters(), lr=0.5), torch.optim.SGD(oracle.parameters(), lr=0.5)
     data, gaps, losses = torch.Generator().manual_seed(1), [], []
-    for _ in range(steps):
-        ids = torch.randint(0, cfg.vocab_size, (batch, cfg.max_seq_len), generator=data)  # (B, T)
+    corpus = torch.randint(0, cfg.vocab_size, (4 * batch, cfg.max_seq_len), generator=data)  # 4 batches, in turn
+    for step in range(steps):
+        ids = corpus[step % 4 * batch :][:batch]  # (B, T)
         opt.zero_grad()
         loss = pipe.step(ids, ids, n_micro, name)
         opt.step()
