@@ -8,7 +8,7 @@
 
 Commands: pretrain, finetune, evaluate (the evaluation protocol: dev-chosen rates, held-out test, seeds), bench;
 and the studies behind ``data/results/`` (``studies/commands.py``): scaling, vocab, probe-curve, more-seeds,
-widen-sweep, add-minilm. Progress goes to stderr; the last line of stdout is one line of JSON with the
+widen-sweep, add-minilm, data-lever. Progress goes to stderr; the last line of stdout is one line of JSON with the
 command's key figures. This file defines the commands and their options; ``__main__.py`` turns them into calls.
 """
 

@@ -1,4 +1,5 @@
-"""The study commands of ``python -m llmedu.cramming``: scaling, vocab, probe-curve, more-seeds, widen-sweep, add-minilm.
+"""The study commands of ``python -m llmedu.cramming``: scaling, vocab, probe-curve, more-seeds, widen-sweep, add-minilm,
+data-lever.
 
 ``cli.py`` adds these parsers beside the capstone's own (``add_study_commands``) and ``__main__`` hands a parsed
 study command to ``run_study_command``: the capstone's command line reads without them.
@@ -13,6 +14,7 @@ from pathlib import Path
 from ..data import CORPORA
 from ..recipe import parse_budget
 from .budget_runs import StudyBudget
+from .data_lever import SHAPES, TREATMENTS, check_settings, run_data_lever
 from .minilm_row import add_minilm
 from .more_seeds import add_seeds
 from .probe_curve import run_probe_curve
@@ -24,7 +26,7 @@ from .widen_sweep import widen_sweep
 
 __all__ = ["STUDY_COMMANDS", "add_study_commands", "run_study_command", "parse_runs"]
 
-STUDY_COMMANDS = ("scaling", "vocab", "probe-curve", "more-seeds", "widen-sweep", "add-minilm")
+STUDY_COMMANDS = ("scaling", "vocab", "probe-curve", "more-seeds", "widen-sweep", "add-minilm", "data-lever")
 _M = "python -m llmedu.cramming"
 STUDY_EXAMPLES = {  # each command's --help examples: the first finishes in about a minute (2 cores; data cached)
     "scaling": f"""  {_M} scaling --shape tiny --budget 5s --out runs/scaling_smoke.json  # about a minute
@@ -47,6 +49,9 @@ STUDY_EXAMPLES = {  # each command's --help examples: the first finishes in abou
       # about a minute (MiniLM's fine-tunes cost about 6x ours a step)
   {_M} add-minilm --study runs/wide.json --journal runs/minilm_journal.json --out runs/wide.json
       # the recorded row, 60 fine-tunes: about 4 hours on 2 cores (stop and run again: the journal keeps each)""",
+    "data-lever": f"""  {_M} data-lever --steps 8 --seeds 0 1 --max-chars 20000 --evals 2 --out runs/data_lever_smoke.json
+      # about a minute
+  OMP_NUM_THREADS=1 {_M} data-lever --out runs/data_lever.json  # the recorded study, 12 runs: about 30 minutes""",
 }
 
 
@@ -165,6 +170,23 @@ def add_study_commands(add_parser, budget, size) -> None:
     a.add_argument("--out", required=True, help="where to write the study with the row (may be --study)")
     a.add_argument("--device", default=None, help="unused: the fine-tunes run on the CPU, as the study's did")
 
+    d = add_parser(
+        "data-lever",
+        help=f"the paper's dataset optimisations, one row each ({', '.join(TREATMENTS)}): held-out MLM loss "
+        "after the same optimizer steps, over seeds (data_lever.py)",
+    )
+    d.add_argument("--out", required=True, help="the results JSON (rewritten after every run)")
+    d.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the recipe's shape (default tiny)")
+    d.add_argument("--steps", type=size("--steps"), default=400, help="optimizer steps of every run (default 400)")
+    d.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="at least two (default 0 1 2)")
+    d.add_argument("--drop-share", type=float, default=0.1, help="of the characters, dropped by the filter (0.1)")
+    d.add_argument(
+        "--max-chars", type=size("--max-chars"), default=360_000, help="of each corpus's train split (default 360000)"
+    )
+    d.add_argument("--evals", type=size("--evals"), default=4, help="held-out evaluations per run (default 4)")
+    d.add_argument("--tokenizer-chars", type=size("--tokenizer-chars"), default=400_000)
+    d.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+
 
 def _finished_study_options(p: argparse.ArgumentParser, out: str, controls: str) -> None:
     """The options of the commands that add to a finished study (more-seeds, widen-sweep)."""
@@ -209,6 +231,8 @@ def run_study_command(args, device, parser, argv) -> dict:
         return _vocab(args, device, parser, argv)
     if args.command == "probe-curve":
         return _probe_curve(args)
+    if args.command == "data-lever":
+        return _data_lever(args, device, parser, argv)
     if args.command == "more-seeds":
         study = add_seeds(args.study, parse_runs(args.runs), args.seeds, out=args.out, controls_from=args.controls_from)
         result = {"out": args.out}
@@ -304,3 +328,19 @@ def _probe_curve(args) -> dict:
     )
     gaps = {p["step"]: round(p["gap"]["average"], 4) for p in results["points"]}
     return {"out": args.out, "control": round(results["control"]["average"]["mean"], 4), "gaps": gaps}
+
+
+def _data_lever(args, device, parser, argv) -> dict:
+    """The data-lever study; a bad setting is a usage error before any text is read."""
+    settings = dict(shape=args.shape, steps=args.steps, seeds=args.seeds, drop_share=args.drop_share, evals=args.evals)
+    try:
+        check_settings(**settings)
+    except ValueError as error:
+        parser.error(f"data-lever: {error}")
+    settings |= dict(max_chars=args.max_chars, tokenizer_chars=args.tokenizer_chars)
+    command = "python -m llmedu.cramming " + " ".join(sys.argv[1:] if argv is None else argv)
+    results = run_data_lever(args.out, device=device, command=command, stream=sys.stderr, **settings)
+    rows = {
+        name: {k: r[k] for k in ("mean", "std", "n")} | r.get("vs_baseline", {}) for name, r in results["rows"].items()
+    }
+    return {"out": args.out, "threshold": results["filter"]["threshold"], "rows": rows}
