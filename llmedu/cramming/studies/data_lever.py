@@ -23,7 +23,9 @@ Each row of the table adds one treatment to the row before, on the training text
 
 Fair comparison. Every run trains the same model for the SAME NUMBER OF OPTIMIZER STEPS, so every row reads the
 same tokens and spends the same FLOPs; not the same seconds, which a shared machine's load would decide. The
-learning rate and the batch ramp follow the steps (``BudgetClock`` without seconds). One WordPiece tokenizer, learnt once from the baseline text
+learning rate and the batch ramp follow the steps (``BudgetClock`` without seconds). The text (450,000 characters
+of each corpus) holds more than the steps read in every row, as the paper prepares "enough tokens for our single
+pass": no run reads a row twice, and a sorted run never reaches its least prevalent rows. One WordPiece tokenizer, learnt once from the baseline text
 (the first ``tokenizer_chars`` of each corpus), serves every row, so losses are in the same units. Every run is
 scored on the SAME held-out rows: the validation split of every corpus, neither deduplicated nor filtered (the
 distribution a student's text comes from), less any document or long line that also appears in the baseline's
@@ -288,7 +290,7 @@ def run_data_lever(
     steps: int = 400,
     seeds: Sequence[int] = (0, 1, 2),
     drop_share: float = 0.1,
-    max_chars: int | None = 360_000,
+    max_chars: int | None = 450_000,
     corpora: Sequence[str] = CORPORA,
     tokenizer_chars: int = 400_000,
     evals: int = 4,
