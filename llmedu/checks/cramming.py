@@ -1,4 +1,5 @@
 """Graders for lesson 25, the capstone (Cramming): packing, sparse prediction, the budget, passes, the protocol, the study.
+The design exercises (FLOPs per token, a budget's model, BERT's masking) live in ``cramming_design``.
 
 check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
                                stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from llmedu.checks.core import CheckResult, Grader
+from llmedu.checks.cramming_design import check_budget_choice, check_flops_per_token, check_mask_tokens
 from llmedu.cramming.evaluate import Data, Splits, summarize
 from llmedu.cramming.pretrain import passes_over_data
 from llmedu.cramming.recipe import TINY_SHAPE, crammed, parse_budget
@@ -36,6 +38,9 @@ __all__ = [
     "check_passes_over_data",
     "check_dev_protocol",
     "check_gap_curve",
+    "check_flops_per_token",
+    "check_budget_choice",
+    "check_mask_tokens",
 ]
 
 
