@@ -14,7 +14,6 @@ CAPSTONE_WORDS, LESSON_WORDS, CELL_WORDS = 4_500, 3_000, 250
 NOT_YET_DISTILLED = {
     "01_tokenizers",
     "02_position_encodings",
-    "04_attention_variants",
     "05_transformer_from_scratch",
     "19_peft",
     "20_long_sequences",
