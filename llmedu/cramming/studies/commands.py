@@ -181,7 +181,7 @@ def add_study_commands(add_parser, budget, size) -> None:
     d.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="at least two (default 0 1 2)")
     d.add_argument("--drop-share", type=float, default=0.1, help="of the characters, dropped by the filter (0.1)")
     d.add_argument(
-        "--max-chars", type=size("--max-chars"), default=450_000, help="of each corpus's train split (default 450000)"
+        "--max-chars", type=size("--max-chars"), default=600_000, help="of each corpus's train split (default 600000)"
     )
     d.add_argument("--evals", type=size("--evals"), default=4, help="held-out evaluations per run (default 4)")
     d.add_argument("--tokenizer-chars", type=size("--tokenizer-chars"), default=400_000)

@@ -23,7 +23,7 @@ Each row of the table adds one treatment to the row before, on the training text
 
 Fair comparison. Every run trains the same model for the SAME NUMBER OF OPTIMIZER STEPS, so every row reads the
 same tokens and spends the same FLOPs; not the same seconds, which a shared machine's load would decide. The
-learning rate and the batch ramp follow the steps (``BudgetClock`` without seconds). The text (450,000 characters
+learning rate and the batch ramp follow the steps (``BudgetClock`` without seconds). The text (600,000 characters
 of each corpus) holds more than the steps read in every row, as the paper prepares "enough tokens for our single
 pass": no run reads a row twice, and a sorted run never reaches its least prevalent rows. One WordPiece tokenizer, learnt once from the baseline text
 (the first ``tokenizer_chars`` of each corpus), serves every row, so losses are in the same units. Every run is
@@ -290,7 +290,7 @@ def run_data_lever(
     steps: int = 400,
     seeds: Sequence[int] = (0, 1, 2),
     drop_share: float = 0.1,
-    max_chars: int | None = 450_000,
+    max_chars: int | None = 600_000,
     corpora: Sequence[str] = CORPORA,
     tokenizer_chars: int = 400_000,
     evals: int = 4,
@@ -309,6 +309,7 @@ def run_data_lever(
     tokenizer = train_tokenizer(corpora, recipe.model.vocab_size, sample_chars=tokenizer_chars)
     train_docs = {name: read_documents([name], "train", max_chars) for name in corpora}
     rows, filter_record = _treated_rows(train_docs, tokenizer, seq_len, drop_share, say)
+    say(f"  rows of {seq_len} tokens: { ({name: figures['rows'] for name, (_, figures, _) in rows.items()}) }")
     val_rows, seen = _held_out(corpora, max_chars, train_docs, tokenizer, seq_len)
     masking = dict(rate=recipe.mask_rate, mask=recipe.mask_fraction, random=recipe.random_fraction)
     val = MLMBatches(val_rows, min(eval_batch, len(val_rows)), tokenizer, seed=EVAL_SEED, **masking)
