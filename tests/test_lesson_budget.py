@@ -14,12 +14,10 @@ CAPSTONE_WORDS, LESSON_WORDS, CELL_WORDS = 4_500, 3_000, 250
 NOT_YET_DISTILLED = {
     "01_tokenizers",
     "02_position_encodings",
-    "05_transformer_from_scratch",
     "19_peft",
     "20_long_sequences",
     "21_mixture_of_experts",
     "24_retrieval",
-    "25_capstone_cramming",
 }
 
 
