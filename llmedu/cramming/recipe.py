@@ -6,7 +6,7 @@ keep BERT's shape and objective and change what makes a fixed budget go further 
     architecture   pre-LN (stable at a high learning rate), no biases in linear layers and norms,
                    a gated GELU feed-forward (GEGLU), scaled sinusoidal positions, no dropout
     objective      "sparse prediction": run the output head on the masked tokens only
-    training       AdamW; a one-cycle (triangular) learning rate whose length is the *budget*,
+    training       AdamW; a triangular learning rate whose length is the *budget* (ours peaks at half),
                    since the number of steps is not known in advance; gradient clipping at 0.5;
                    a batch that grows via accumulation until 60% of the budget; bf16 where the
                    hardware has it
@@ -284,8 +284,9 @@ class BudgetClock:
 def budget_schedule(recipe: Recipe, clock: BudgetClock) -> Schedule:
     """step -> lr multiplier, as a function of the budget spent (``clock.fraction``).
 
-    one_cycle: linear up from 0 to 1 over the first half, linear down to 0 over the second
-    (Cramming's triangular one-cycle); linear: up over ``recipe.warmup``, then down to 0 (BERT).
+    one_cycle: linear up from 0 to 1 over the first half, linear down to 0 over the second (ours: a
+    symmetric triangle; the authors' released configs use ``budget-triangle2``, which starts at 25% of
+    the peak and peaks at 75% of the budget); linear: up over ``recipe.warmup``, then down to 0 (BERT).
     """
     peak = 0.5 if recipe.schedule == "one_cycle" else recipe.warmup
 
