@@ -249,7 +249,7 @@ def test_states_grader():
     assert not result and "called llmedu.planner" in result.failure
 
 
-def _best(cfg, nodes, batch, link, memory=40e9):
+def _best(cfg, nodes, batch, link, memory=40 * 2**30):
     c = cluster_40gb(nodes, link)
     c = replace(c, accelerator=replace(c.accelerator, memory_bytes=memory))
     best = plan(cfg, c, batch, top=1, where=lambda lay: lay.cp == 1)[0]
@@ -264,7 +264,7 @@ def test_pick_40gb_grader(monkeypatch):
     drawn = draw_scenarios(3, seed=1)
     assert len(set(drawn)) == 3 and not set(drawn) & set(SCENARIOS_40GB.values())
     assert draw_scenarios(3, seed=1) == drawn and draw_scenarios(3, seed=2) != drawn
-    # the lesson's check draws with a stated seed: the same three at every run, not a new draw each time
+    # the lesson's check draws three with a stated seed (the same at every run) and a fourth at check time
     assert inspect.signature(check_pick_40gb).parameters["seed"].default == graders.SEED
     assert draw_scenarios() == draw_scenarios(3, seed=graders.SEED)
     with pytest.raises(ValueError, match="seed must be an int"):
@@ -279,17 +279,31 @@ def test_pick_40gb_grader(monkeypatch):
     result = check_pick_40gb(lambda cfg, nodes, batch, link: table.get((cfg.d_model, nodes, batch, link)), seed=1)
     assert not result and "(Layout, GiB)" in result.failure
 
+    # a lookup table of the seeded draw itself, worked out with the planner outside the function: it passes
+    # the three seeded cases and fails the one drawn at check time, which names the number that draws it again
+    seeded = {}
+    for model, nodes, sequences, seq_len, link in draw_scenarios(3, seed=1):
+        seeded[MODELS[model].d_model, nodes, Batch(sequences, seq_len), link] = _best(
+            MODELS[model], nodes, Batch(sequences, seq_len), link
+        )
+    result = check_pick_40gb(lambda cfg, nodes, batch, link: seeded.get((cfg.d_model, nodes, batch, link)), seed=1)
+    assert not result and "drawn now (check_pick_40gb(fn, fresh=" in result.failure
+    fresh = int(result.failure.split("fresh=")[1].split(")")[0])
+    again = check_pick_40gb(lambda cfg, nodes, batch, link: seeded.get((cfg.d_model, nodes, batch, link)), 1, fresh)
+    assert again.failure == result.failure  # the printed number draws the same scenario again
+
     # the right layout the wrong way: the planner, told the 40 GB, called inside the function
-    result = check_pick_40gb(_best, seed=1)
+    result = check_pick_40gb(_best, seed=1, fresh=5)
     assert not result and "called llmedu.planner" in result.failure
 
     # with the planner's calls not watched, that function stands for a right rule and passes
     monkeypatch.setattr(graders, "PLANNER", Path("/nowhere"))
-    assert check_pick_40gb(_best, seed=1)
+    assert check_pick_40gb(_best, seed=1, fresh=5)
+    assert check_pick_40gb(_best, seed=1)  # and on a scenario drawn now
     # plausible wrong value: the best layout for the 80 GB GPUs, which the presets describe
-    assert not check_pick_40gb(lambda *args: _best(*args, memory=80e9), seed=1)
+    assert not check_pick_40gb(lambda *args: _best(*args, memory=80 * 2**30), seed=1, fresh=5)
     # a good layout with a memory guess of half the model's count (the states alone, say)
-    assert not check_pick_40gb(lambda *args: (_best(*args)[0], 0.5 * _best(*args)[1]), seed=1)
+    assert not check_pick_40gb(lambda *args: (_best(*args)[0], 0.5 * _best(*args)[1]), seed=1, fresh=5)
 
 
 # -- what lesson 14's float64 check needs of the library ------------------------------------------------------

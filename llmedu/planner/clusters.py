@@ -31,6 +31,12 @@ can carry the NICs' sum: NVIDIA/nccl#412), so the group crosses at g times the s
 data parallelism over all 16 GPUs of two DGX nodes at 8 x 25 GB/s, while 8 groups of one GPU per node
 (TP8 inside each node) get 25 GB/s each. Sends and all-to-alls get the share: each rank sends its own bytes.
 
+**Memory is in GiB.** A GPU's "80 GB" of HBM are 80 GiB (2^30 bytes): DRAM dies come in binary sizes
+(nvidia-smi reports 81920 MiB on an A100 80GB, 40960 MiB on an A100 40GB), so the presets hold
+``memory_gib`` x 2^30 bytes, not the 80e9 of the spec table (``hardware.specs``). The driver keeps a little
+of it (an H100 80GB shows 81559 MiB), and the CUDA context, NCCL's buffers and the allocator's
+fragmentation take more: the planner keeps a margin of 10% for all of that (``search.plan``).
+
 Left out: contention between groups that share a link (TP and DP traffic at once), in-network
 reduction (SHARP), NCCL's protocol choices (LL/LL128/Simple) and its pipelining of a ring's chunks,
 topology beyond "inside a node or not".
@@ -56,6 +62,7 @@ __all__ = [
 ]
 
 GB = 1e9
+GiB = 2**30
 US = 1e-6
 PRECISIONS = ("bf16", "fp32")
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send")
@@ -195,15 +202,17 @@ _EFFICIENCY = (
 )
 
 
-def _node(name: str, gpu: str, gpus: int, intra: Link, inter: Link, host: Link) -> Cluster:
+def _node(name: str, gpu: str, gpus: int, intra: Link, inter: Link, host: Link, memory_gib: int) -> Cluster:
+    """A one-node preset of ``gpus`` x ``gpu`` whose HBM holds ``memory_gib`` GiB (the module docstring)."""
+    accelerator = replace(_spec(gpu), memory_bytes=memory_gib * GiB)
     # 200 GB/s: the host memory bandwidth of a two-socket server (assumed), what a CPU Adam streams through
-    return Cluster(name, _spec(gpu), gpus, 1, intra, inter, *_EFFICIENCY, host, 200 * GB, _LATENCY_NOTE)
+    return Cluster(name, accelerator, gpus, 1, intra, inter, *_EFFICIENCY, host, 200 * GB, _LATENCY_NOTE)
 
 
 CLUSTERS: dict[str, Cluster] = {
-    "a100": _node("a100", "A100 SXM 80GB", 1, NVLINK3, HDR, PCIE4),  # one GPU in a server
-    "dgx-a100": _node("dgx-a100", "A100 SXM 80GB", 8, NVLINK3, HDR, PCIE4),
-    "dgx-h100": _node("dgx-h100", "H100 SXM", 8, NVLINK4, NDR, PCIE5),
+    "a100": _node("a100", "A100 SXM 80GB", 1, NVLINK3, HDR, PCIE4, 80),  # one GPU in a server
+    "dgx-a100": _node("dgx-a100", "A100 SXM 80GB", 8, NVLINK3, HDR, PCIE4, 80),
+    "dgx-h100": _node("dgx-h100", "H100 SXM", 8, NVLINK4, NDR, PCIE5, 80),
 }
 
 

@@ -17,7 +17,8 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
                  the 34 holds 2 bytes of dropout masks (counted only for a model with dropout) and 4 of K
                  and V (with FlashAttention, grouped-query attention keeps them at n_kv_heads / n_heads);
                  s is the local sequence s/cp; 1F1B stage i holds min(m, pp - i) micro-batches in flight
-                 (interleaved: pp (1 + (pp-1)/(pp v)), Korthikanti et al. 2022 §4.2.3)   (lessons 06, 09, 13)
+                 (interleaved: min(m, pp + (pp - 1 - 2i)/v), pp (1 + (pp-1)/(pp v)) on the first stage as in
+                 Korthikanti et al. 2022 §4.2.3; never more than the m there are)   (lessons 06, 09, 13)
     logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage, and the
                  final norm's input and output, 2 b (s/cp) h values (fp32 training: 4-byte values, 4 + 4 + 8
                  bytes of states per parameter, no dropout masks unless the model has dropout)
@@ -115,7 +116,9 @@ def uneven_splits(cfg: TransformerConfig, layout: Layout, batch: Batch) -> list[
     tp splits the attention heads and the FFN's width (K/V heads too, or, with fewer K/V heads than tp,
     each is copied to tp / n_kv_heads ranks, as Megatron-LM does; the vocabulary is padded to a multiple
     of tp, as Megatron-LM does, so it need not divide); pp x virtual chunks share the layers (the busiest
-    holds ceil(L / pp), so they need not divide, but none may be empty); cp cuts the sequence into 2 cp
+    holds ceil(L / pp), so they need not divide, but none may be empty, except, interleaved, a first chunk
+    holding only the embedding and a last holding only the head, as Llama 3's 126 layers on 16 x 8 chunks,
+    Llama Team 2024 §3.3.2); cp cuts the sequence into 2 cp
     zig-zag chunks; ep splits the experts and sits inside dp; dp x micro_batch splits the batch."""
     tp, kv = layout.tp, cfg.n_kv_heads
     wrong = []
@@ -125,10 +128,12 @@ def uneven_splits(cfg: TransformerConfig, layout: Layout, batch: Batch) -> list[
         wrong.append(f"tp={tp} must divide the {kv} K/V heads, or be a multiple of them")
     if cfg.d_ff % tp:
         wrong.append(f"tp={tp} must divide the FFN width d_ff={cfg.d_ff}")
-    if layout.pp * layout.virtual > cfg.n_layers:
+    ends = 2 if layout.virtual > 1 else 0  # interleaved: the first chunk may hold only the embedding, the last the head
+    if layout.pp * layout.virtual > cfg.n_layers + ends:
         wrong.append(
-            f"pp={layout.pp} x virtual={layout.virtual} chunks must be at most the {cfg.n_layers} layers "
-            "(a stage would be empty)"
+            f"pp={layout.pp} x virtual={layout.virtual} chunks must be at most the {cfg.n_layers} layers"
+            + (" + 2 (a first chunk with only the embedding, a last with only the head)" if ends else "")
+            + " (a stage would be empty)"
         )
     if layout.cp > 1 and batch.seq_len % (2 * layout.cp):
         wrong.append(f"2 x cp={layout.cp} zig-zag chunks must divide the sequence length {batch.seq_len}")
@@ -225,15 +230,20 @@ def memory_per_rank(
 
 
 def in_flight(layout: Layout, micro_batches: int, stage: int) -> float:
-    """Micro-batches whose activations pipeline ``stage`` holds at its peak. 1F1B: stage i runs p - i
-    forwards before its first backward (at most the m there are); interleaved with v chunks, the first
-    stage holds p (1 + (p - 1) / (p v)) micro-batches' worth (Korthikanti et al. 2022 §4.2.3)."""
-    pp, v = layout.pp, layout.virtual
+    """Micro-batches' worth of the stage's activations that pipeline ``stage`` holds at its peak.
+
+    1F1B: stage i runs p - i forwards before its first backward. Interleaved with v chunks a rank (each
+    1/v of its layers), Megatron-LM's warm-up runs 2(p - i - 1) + (v - 1) p chunk-forwards, then one more
+    before the first backward: p + (p - 1 - 2i)/v micro-batches' worth, p (1 + (p - 1)/(p v)) on the first
+    stage (Korthikanti et al. 2022 §4.2.3). No schedule holds more than all m micro-batches: with m = p
+    Megatron-LM runs every forward first on every stage (``schedules.py``: ``num_warmup_microbatches =
+    total_num_microbatches``), and then each holds all m."""
+    pp, v, m = layout.pp, layout.virtual, micro_batches
     if pp == 1:
         return 1.0
     if v > 1:
-        return pp * (1 + (pp - 1) / (pp * v))
-    return float(min(micro_batches, pp - stage))
+        return float(m) if m == pp else min(float(m), pp + (pp - 1 - 2 * stage) / v)
+    return float(min(m, pp - stage))
 
 
 def _stage_memory(

@@ -8,9 +8,9 @@ computes the choice, at course scale:
 1. enumerate every ``Layout``: dp x tp x pp x cp = the cluster's ranks (tp dividing the heads, pp at
    most the layers, cp the sequence in 2 cp zig-zag chunks, ep the experts), ZeRO stage 0-3, recomputation
    none/selective/full, micro-batch 1-8 dividing the batch, optimizer offload on or off;
-2. reject those whose busiest rank needs more than ``(1 - margin)`` of the accelerator's memory
-   (``memory.memory_per_rank``; the margin stands for what the formulas leave out: the CUDA
-   context, the allocator's fragmentation, communication buffers);
+2. reject those whose busiest rank needs more than ``(1 - margin)`` of the accelerator's memory, in GiB
+   (``memory.memory_per_rank``; the margin stands for what the formulas leave out: what the driver
+   reserves, the CUDA context, the allocator's fragmentation, communication buffers);
 3. rank the rest by predicted step time (``step_time.step_time``; a tie to 3 significant figures goes
    to the layout with fewer techniques switched on, then to the smaller footprint) and report model FLOPs
    utilisation, MFU = model FLOPs per step / (step time x ranks x peak) (PaLM, app. B).
@@ -208,7 +208,8 @@ def _sources(cluster: Cluster) -> dict[str, str]:
         "compute": f"(6N + 12LTd) FLOPs per token at {cluster.efficiency:.0%} of {acc.name}'s peak "
         f"({acc.peak_flops_16bit / 1e12:.0f} TFLOP/s, {acc.source}); efficiency: {cluster.efficiency_source}",
         "memory": "ZeRO §3.1 model states; Korthikanti et al. 2022 Table 2 activations; "
-        + ("bf16 + fp32 logits" if cluster.precision == "bf16" else "fp32 throughout"),
+        + ("bf16 + fp32 logits" if cluster.precision == "bf16" else "fp32 throughout")
+        + f"; capacity {acc.memory_bytes / GiB:.0f} GiB per GPU (HBM in binary units: clusters' docstring)",
         "intra": f"{cluster.intra.name}: {cluster.intra.bandwidth / 1e9:.0f} GB/s per direction ({cluster.intra.source})",
         "inter": f"{cluster.inter.name}: {cluster.inter.bandwidth / 1e9:.1f} GB/s per direction ({cluster.inter.source})",
         "latency": cluster.notes,
