@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from llmedu.checks.cramming import check_budget_choice, check_flops_per_token, check_mask_tokens
-from llmedu.checks.cramming_design import loss_after
+from llmedu.checks.cramming import check_budget_choice, check_dev_protocol, check_flops_per_token, check_mask_tokens
+from llmedu.checks.cramming_design import _choose, loss_after, reference_flops_per_token
+from llmedu.cramming.evaluate import best_rate, protocol, summarize, sweep
 from llmedu.cramming.pretrain import mlm_flops_per_token
 from llmedu.cramming.recipe import CUDA_SHAPE, crammed, original_bert
 from llmedu.cramming.studies.final import FINAL, final_table, load_study, student_t_sf2, welch
@@ -60,8 +61,25 @@ def test_flops_reference_is_the_library_count():
         assert reference_flops_per_token(cfg(recipe)) == pytest.approx(gpu[row]["flops_per_token"])
 
 
+def read_curve(run, budget_s):
+    """The learner's own reading of a curve (the grader fails a call into its ``loss_after``)."""
+    tokens, curve = run["tokens_per_s"] * budget_s, run["curve"]
+    if not curve or not curve[0][0] <= tokens <= curve[-1][0]:
+        return None
+    for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
+        if t0 <= tokens <= t1:
+            return l0 + (l1 - l0) * (tokens - t0) / (t1 - t0)
+    return curve[0][1]  # a one-point curve read at its point
+
+
+def test_read_curve_is_the_graders_reading():
+    run = {"tokens_per_s": 1000, "curve": [(1e5, 7.0), (3e5, 6.0), (4e5, 5.5)]}
+    for budget in (50, 100, 150, 300, 350, 400, 401):
+        assert read_curve(run, budget) == loss_after(run, budget)
+
+
 def right_choice(runs, budget_s):
-    losses = {name: loss_after(run, budget_s) for name, run in runs.items()}
+    losses = {name: read_curve(run, budget_s) for name, run in runs.items()}
     known = {k: v for k, v in losses.items() if v is not None}
     return min(known, key=known.get) if known else None
 
@@ -71,7 +89,7 @@ def test_budget_choice_grader(capsys):
 
     def per_token(runs, budget_s):  # the lowest loss at the tokens every run read: ignores speed
         common = min(run["curve"][-1][0] for run in runs.values())
-        return min(runs, key=lambda k: loss_after({"tokens_per_s": 1, "curve": runs[k]["curve"]}, common))
+        return min(runs, key=lambda k: read_curve({"tokens_per_s": 1, "curve": runs[k]["curve"]}, common))
 
     fastest = lambda runs, budget_s: max(runs, key=lambda k: runs[k]["tokens_per_s"])  # noqa: E731
     last_point = lambda runs, budget_s: min(runs, key=lambda k: runs[k]["curve"][-1][1])  # noqa: E731
@@ -79,7 +97,7 @@ def test_budget_choice_grader(capsys):
     def clamped(runs, budget_s):  # reads a curve that stops short at its last point: extrapolates
         def at(run):
             tokens = min(run["tokens_per_s"] * budget_s, run["curve"][-1][0])
-            return loss_after({"tokens_per_s": 1, "curve": run["curve"]}, tokens)
+            return read_curve({"tokens_per_s": 1, "curve": run["curve"]}, tokens)
 
         return min(runs, key=lambda k: at(runs[k]))
 
@@ -153,3 +171,41 @@ def test_final_table_leads_with_the_rows_that_need_no_pretraining():
     lines = final_table(study).splitlines()
     assert lines[2].startswith("majority class") and lines[3].startswith("TF-IDF")
     assert lines[4].startswith("random init")
+
+
+def test_graders_fail_the_answers_they_hold(capsys):
+    """The references the graders hold are importable from ``llmedu.checks``: handing them in fails, as does the
+    library's own protocol, which the page shows."""
+    assert not check_flops_per_token(reference_flops_per_token)
+    assert not check_budget_choice(_choose)
+
+    def via_loss_after(runs, budget_s):  # the right choice, read with the grader's own loss_after
+        known = {k: loss_after(r, budget_s) for k, r in runs.items() if loss_after(r, budget_s) is not None}
+        return min(known, key=known.get) if known else None
+
+    assert not check_budget_choice(via_loss_after)
+    assert not check_dev_protocol(protocol)
+
+    def via_sweep(scorer, splits, lrs, seeds):  # the library's sweep, then the seeds by hand
+        lr, _ = sweep(scorer, splits, lrs, seeds[0])
+        return {"lr": lr, "test": summarize([scorer(splits.train, splits.test, lr, s) for s in seeds])}
+
+    def via_best_rate(scorer, splits, lrs, seeds):
+        dev = {str(lr): scorer(splits.train, splits.dev, lr, seeds[0]) for lr in lrs}
+        lr = best_rate(dev, lrs)
+        return {"lr": lr, "test": summarize([scorer(splits.train, splits.test, lr, s) for s in seeds])}
+
+    assert not check_dev_protocol(via_sweep) and not check_dev_protocol(via_best_rate)
+    out = capsys.readouterr().out
+    for name in ("reference_flops_per_token", "_choose", "loss_after", "evaluate.protocol", "evaluate.sweep"):
+        assert f"called cramming_design.{name}" in out or f"called {name}" in out, name
+
+
+def test_dev_protocol_grader_passes_a_protocol_written_out(capsys):
+    def written_out(scorer, splits, lrs, seeds):  # summarize and the splits' own methods are allowed
+        dev = {lr: scorer(splits.train, splits.dev, lr, seeds[0]) for lr in lrs}
+        lr = max(lrs, key=lambda r: dev[r])
+        assert splits.sizes()["test"] == len(splits.test)
+        return {"lr": lr, "test": summarize([scorer(splits.train, splits.test, lr, s) for s in seeds])}
+
+    assert check_dev_protocol(written_out), capsys.readouterr().out

@@ -1,5 +1,6 @@
-"""Graders for lesson 25, the capstone (Cramming): packing, sparse prediction, the budget, passes, the protocol, the study.
-The design exercises (FLOPs per token, a budget's model, BERT's masking) live in ``cramming_design``.
+"""Graders for lesson 25, the capstone (Cramming): packing, sparse prediction, the budget, passes, the study.
+The exercises of the lesson's page (FLOPs per token, a budget's model, BERT's masking, the protocol) live in
+``cramming_design``; they are imported here too.
 
 check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
                                stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding
@@ -9,10 +10,6 @@ check_parse_budget(fn)         fn("10m") -> 600.0; '30s', '24h', '1.5h', seconds
 check_passes_over_data(fn)     fn(budget, tokens_per_s, n_rows, seq_len) -> how many times a run of that budget
                                ("10m", "24h") at that speed reads a corpus of n_rows packed rows of seq_len
                                tokens (``pretrain.passes_over_data``), within 0.1%
-check_dev_protocol(fn)         fn(scorer, splits, lrs, seeds) -> {"lr", "test": summary}: the bug-fixed protocol;
-                               a recording fake scorer whose dev and test splits prefer different rates shows
-                               whether the rate was chosen on dev, only the chosen rate saw test, and test was
-                               scored once with every seed
 check_gap_curve(fn)            fn(results, task, pretrained, control) -> {labels: summary of the gaps}: from a
                                study's JSON, pretrained minus control along the label-efficiency curve, paired
                                seed by seed (the same slice of labels) and label count by label count
@@ -23,8 +20,13 @@ from __future__ import annotations
 import torch
 
 from llmedu.checks.core import CheckResult, Grader
-from llmedu.checks.cramming_design import check_budget_choice, check_flops_per_token, check_mask_tokens
-from llmedu.cramming.evaluate import Data, Splits, summarize
+from llmedu.checks.cramming_design import (
+    check_budget_choice,
+    check_dev_protocol,
+    check_flops_per_token,
+    check_mask_tokens,
+)
+from llmedu.cramming.evaluate import summarize
 from llmedu.cramming.pretrain import passes_over_data
 from llmedu.cramming.recipe import TINY_SHAPE, crammed, parse_budget
 from llmedu.data.packing import mask_tokens, pack
@@ -125,127 +127,6 @@ def check_passes_over_data(fn) -> CheckResult:
             passes_over_budget(budget, speed, n_rows, seq_len),
             rtol=1e-3,
         )
-    return g.result()
-
-
-# -- exercise: find the bug in a protocol that chooses on the test split --------------------------
-
-
-class _Recorder:
-    """A fake scorer: the dev split and the test split disagree on the best rate, and it notes each call."""
-
-    def __init__(self, splits: Splits, dev_best, test_best, lrs):
-        self.splits, self.calls = splits, []
-        rank = {lr: i for i, lr in enumerate(lrs)}
-        self.dev_score = {lr: 0.80 - 0.05 * abs(rank[lr] - rank[dev_best]) for lr in lrs}
-        self.test_score = {lr: 0.75 - 0.04 * abs(rank[lr] - rank[test_best]) for lr in lrs}
-
-    def split_name(self, data) -> str:
-        for name in ("train", "dev", "test"):
-            if data is getattr(self.splits, name):
-                return name
-        return "a split of your own"
-
-    def __call__(self, train, test, lr, seed) -> float:
-        trained_on, scored_on = self.split_name(train), self.split_name(test)
-        if scored_on == "dev":
-            score = self.dev_score[lr] + 0.002 * (seed % 5)  # seeds move dev a little, never the ranking
-        else:
-            score = self.test_score[lr] + (0.0, 0.03, -0.02, 0.01, -0.01)[seed % 5]
-        self.calls.append((trained_on, scored_on, lr, seed, score))
-        return score
-
-
-def _toy_splits() -> Splits:
-    def data(prefix, n):
-        return Data(tuple(f"{prefix} {i}" for i in range(n)), tuple(i % 2 for i in range(n)))
-
-    return Splits(data("train", 40), data("dev", 10), data("test", 12))
-
-
-def check_dev_protocol(fn) -> CheckResult:
-    """``fn(scorer, splits, lrs, seeds)`` -> {"lr", "test": summary}: chosen on dev, every seed scored on test."""
-    g = Grader("check_dev_protocol")
-    cases = [  # (rates, seeds, the rate dev prefers, the rate test prefers)
-        ((1e-4, 2e-4, 4e-4, 8e-4), (0, 1, 2), 2e-4, 8e-4),
-        ((3e-5, 1e-4), (4, 1), 3e-5, 1e-4),
-        ((None,), (0, 1, 2), None, None),  # a model without a rate: the probe, the baselines
-    ]
-    for lrs, seeds, dev_best, test_best in cases:
-        splits = _toy_splits()
-        scorer = _Recorder(splits, dev_best, test_best, lrs)
-        where = f"rates {list(lrs)}, seeds {list(seeds)}"
-        result = g.call(fn, scorer, splits, list(lrs), list(seeds))
-        if not g.expect(
-            f"{where}: the result",
-            isinstance(result, dict) and "lr" in result and "test" in result,
-            f"expected a dict with 'lr' and 'test', got {result!r:.80}",
-        ):
-            break
-        calls = scorer.calls
-        g.expect(
-            f"{where}: training",
-            all(c[0] == "train" for c in calls),
-            f"a model was trained on the {next((c[0] for c in calls if c[0] != 'train'), '')} split; "
-            "every model trains on splits.train",
-        )
-        elsewhere = next((c[1] for c in calls if c[1] not in ("dev", "test")), None)
-        g.expect(
-            f"{where}: scoring",
-            elsewhere is None,
-            f"a model was scored on {'the ' + elsewhere + ' split' if elsewhere == 'train' else elsewhere}: "
-            "rates are compared on splits.dev and the result is reported on splits.test",
-        )
-        on_test = [c for c in calls if c[1] == "test"]
-        g.expect(
-            f"{where}: the test split",
-            bool(on_test),
-            "no model was scored on splits.test: the numbers reported as 'test' come from another split",
-        )
-        rates_on_test = sorted({c[2] for c in on_test}, key=str)
-        g.expect(
-            f"{where}: the test split",
-            len(rates_on_test) <= 1,
-            f"rates {rates_on_test} were all scored on the test split, so the choice among them was made on "
-            "test: the reported score is the best of several tries on it, an optimistic number",
-        )
-        g.expect(
-            f"{where}: the chosen rate",
-            len(lrs) == 1 or any(c[1] == "dev" for c in calls),
-            "no rate was scored on dev: the sweep must compare the rates on splits.dev",
-        )
-        g.compare(
-            f"{where}: the chosen rate (dev prefers {dev_best}, test would prefer {test_best})",
-            result["lr"],
-            dev_best,
-        )
-        g.expect(
-            f"{where}: the rate scored on test",
-            rates_on_test == [result["lr"]],
-            f"the test split saw rate(s) {rates_on_test}, but the result reports lr={result['lr']}",
-        )
-        seeds_on_test = sorted(c[3] for c in on_test)
-        g.expect(
-            f"{where}: the seeds on test",
-            seeds_on_test == sorted(seeds),
-            f"the test split was scored with seeds {seeds_on_test}; it must be scored once with each of {sorted(seeds)}",
-        )
-        if g.failure is None:
-            by_seed = {c[3]: c[4] for c in on_test}
-            expected = summarize([by_seed[s] for s in seeds])
-            test = result["test"]
-            if g.expect(
-                f"{where}: result['test']",
-                isinstance(test, dict) and "mean" in test and "std" in test,
-                f"expected a summary with 'mean' and 'std' (evaluate.summarize), got {test!r:.80}",
-            ):
-                g.compare(f"{where}: the mean of the test scores over seeds", test["mean"], expected["mean"], atol=1e-9)
-                g.compare(
-                    f"{where}: the spread (sample standard deviation) of the test scores over seeds",
-                    test["std"],
-                    expected["std"],
-                    atol=1e-9,
-                )
     return g.result()
 
 

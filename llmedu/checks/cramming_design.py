@@ -1,17 +1,24 @@
-"""Graders for lesson 25's exercises that ask for a design decision: FLOPs per token, a budget's model, BERT's masking.
+"""Graders for lesson 25's exercises: FLOPs per token, a budget's model, BERT's masking, a protocol that leaks.
 
 check_flops_per_token(fn)   fn(cfg) -> training FLOPs per token of the MLM encoder, 6N + 12 L T d, with N the
                             matmul weights that run for that token: the head's (d x d and the tied d x V
                             decoder) only at mask_rate of the tokens under sparse prediction; worked out by
-                            hand (asking ``llmedu.models.counting`` or ``cramming.pretrain`` fails)
+                            hand (asking ``llmedu.models.counting``, ``cramming.pretrain`` or this file's
+                            ``reference_flops_per_token`` fails)
 check_budget_choice(fn)     fn(runs, budget_s) -> the run that reaches the lowest loss in budget_s seconds: each
                             run's loss-against-tokens curve read at tokens_per_s x budget_s (linear between
-                            points; a curve that stops short cannot say, so that run is out); None if none can
+                            points; a curve that stops short cannot say, so that run is out); None if none can;
+                            written out (asking this file's ``loss_after`` or any of ``llmedu`` fails)
 check_mask_tokens(fn)       fn(ids, rate, mask_id, vocab_size, special_ids, generator) -> (inputs, labels):
                             BERT's masking (Devlin et al. 2019, sec. 3.1): rate of the non-special tokens
                             chosen, of those 80% [MASK], 10% a random token, 10% unchanged, every other token
                             untouched, labels -100 elsewhere; from ``generator`` alone; the library's
                             ``mask_tokens`` fails
+check_dev_protocol(fn)      fn(scorer, splits, lrs, seeds) -> {"lr", "test": summary}: the bug-fixed protocol;
+                            a recording fake scorer whose dev and test splits prefer different rates shows
+                            whether the rate was chosen on dev, only the chosen rate saw test, and test was
+                            scored once with every seed; written out (a call into ``evaluate.protocol``,
+                            ``sweep``, ``best_rate`` or anything of ``llmedu`` but ``summarize`` fails)
 """
 
 from __future__ import annotations
@@ -22,12 +29,16 @@ from pathlib import Path
 import torch
 
 from llmedu.checks.core import CheckResult, Grader, call_watching
+from llmedu.cramming.evaluate import Data, Splits, summarize
 
 __all__ = ["reference_flops_per_token", "check_flops_per_token", "loss_after", "check_budget_choice"]
-__all__ += ["check_mask_tokens"]
+__all__ += ["check_mask_tokens", "check_dev_protocol"]
 
 LLMEDU = Path(__file__).resolve().parents[1]
-_graders = lambda code: code.co_filename.startswith(str(LLMEDU / "checks"))  # noqa: E731  (the grader's own calls)
+GRADING = LLMEDU / "checks" / "core.py"  # the Grader itself, which runs the learner's function
+# Only the Grader's own frames are exempt: a call into this file's references (reference_flops_per_token,
+# loss_after, _choose) counts as asking the library, like a call into llmedu.models or llmedu.data.
+_graders = lambda code: code.co_filename == str(GRADING)  # noqa: E731
 
 
 def reference_flops_per_token(cfg: dict) -> float:
@@ -106,7 +117,10 @@ def check_budget_choice(fn) -> CheckResult:
     reading per token, per second and per curve's end."""
     g = Grader("check_budget_choice")
     for runs, budget in _choice_cases():
-        got = g.call(fn, {k: {**v, "curve": list(v["curve"])} for k, v in runs.items()}, budget)
+        fresh = {k: {**v, "curve": list(v["curve"])} for k, v in runs.items()}
+        got, asked = call_watching(g, fn, (fresh, budget), LLMEDU, _graders)
+        if not g.expect("worked out by hand", asked is None, f"your function called {asked}"):
+            break
         speeds = {k: v["tokens_per_s"] for k, v in runs.items()}
         g.compare(f"runs at {speeds} tokens/s, a budget of {budget:g} s", got, _choose(runs, budget))
     return g.result()
@@ -151,4 +165,142 @@ def check_mask_tokens(fn) -> CheckResult:
         again = g.call(fn, ids.clone(), rate, mask_id, vocab, specials, torch.Generator().manual_seed(7))
         same = isinstance(again, tuple) and all(torch.equal(a, b) for a, b in zip(again, out))
         g.expect("the same generator seed gives the same masks (no global RNG)", same)
+    return g.result()
+
+
+# -- exercise: find the bug in a protocol that chooses on the test split --------------------------
+
+
+class _Recorder:
+    """A fake scorer: the dev split and the test split disagree on the best rate, and it notes each call."""
+
+    def __init__(self, splits: Splits, dev_best, test_best, lrs):
+        self.splits, self.calls = splits, []
+        rank = {lr: i for i, lr in enumerate(lrs)}
+        self.dev_score = {lr: 0.80 - 0.05 * abs(rank[lr] - rank[dev_best]) for lr in lrs}
+        self.test_score = {lr: 0.75 - 0.04 * abs(rank[lr] - rank[test_best]) for lr in lrs}
+
+    def split_name(self, data) -> str:
+        for name in ("train", "dev", "test"):
+            if data is getattr(self.splits, name):
+                return name
+        return "a split of your own"
+
+    def __call__(self, train, test, lr, seed) -> float:
+        trained_on, scored_on = self.split_name(train), self.split_name(test)
+        if scored_on == "dev":
+            score = self.dev_score[lr] + 0.002 * (seed % 5)  # seeds move dev a little, never the ranking
+        else:
+            score = self.test_score[lr] + (0.0, 0.03, -0.02, 0.01, -0.01)[seed % 5]
+        self.calls.append((trained_on, scored_on, lr, seed, score))
+        return score
+
+
+def _toy_splits() -> Splits:
+    def data(prefix, n):
+        return Data(tuple(f"{prefix} {i}" for i in range(n)), tuple(i % 2 for i in range(n)))
+
+    return Splits(data("train", 40), data("dev", 10), data("test", 12))
+
+
+_ALLOWED = {  # (file, qualname prefix) the learner's protocol may call: the Grader, the fake scorer, the summary
+    (str(LLMEDU / "checks" / "core.py"), ""),
+    (__file__, "_Recorder."),
+    (str(LLMEDU / "cramming" / "evaluate.py"), "summarize"),
+    (str(LLMEDU / "cramming" / "evaluate.py"), "Data."),
+    (str(LLMEDU / "cramming" / "evaluate.py"), "Splits."),
+}
+
+
+def _allowed(code) -> bool:
+    return any(code.co_filename == f and code.co_qualname.startswith(q) for f, q in _ALLOWED)
+
+
+def check_dev_protocol(fn) -> CheckResult:
+    """``fn(scorer, splits, lrs, seeds)`` -> {"lr", "test": summary}: chosen on dev, every seed scored on test."""
+    g = Grader("check_dev_protocol")
+    cases = [  # (rates, seeds, the rate dev prefers, the rate test prefers)
+        ((1e-4, 2e-4, 4e-4, 8e-4), (0, 1, 2), 2e-4, 8e-4),
+        ((3e-5, 1e-4), (4, 1), 3e-5, 1e-4),
+        ((None,), (0, 1, 2), None, None),  # a model without a rate: the probe, the baselines
+    ]
+    for lrs, seeds, dev_best, test_best in cases:
+        splits = _toy_splits()
+        scorer = _Recorder(splits, dev_best, test_best, lrs)
+        where = f"rates {list(lrs)}, seeds {list(seeds)}"
+        result, asked = call_watching(g, fn, (scorer, splits, list(lrs), list(seeds)), LLMEDU, _allowed)
+        if not g.expect(
+            f"{where}: written out", asked is None, f"your function called {asked}: write the sweep and the seeds"
+        ):
+            break
+        if not g.expect(
+            f"{where}: the result",
+            isinstance(result, dict) and "lr" in result and "test" in result,
+            f"expected a dict with 'lr' and 'test', got {result!r:.80}",
+        ):
+            break
+        calls = scorer.calls
+        g.expect(
+            f"{where}: training",
+            all(c[0] == "train" for c in calls),
+            f"a model was trained on the {next((c[0] for c in calls if c[0] != 'train'), '')} split; "
+            "every model trains on splits.train",
+        )
+        elsewhere = next((c[1] for c in calls if c[1] not in ("dev", "test")), None)
+        g.expect(
+            f"{where}: scoring",
+            elsewhere is None,
+            f"a model was scored on {'the ' + elsewhere + ' split' if elsewhere == 'train' else elsewhere}: "
+            "rates are compared on splits.dev and the result is reported on splits.test",
+        )
+        on_test = [c for c in calls if c[1] == "test"]
+        g.expect(
+            f"{where}: the test split",
+            bool(on_test),
+            "no model was scored on splits.test: the numbers reported as 'test' come from another split",
+        )
+        rates_on_test = sorted({c[2] for c in on_test}, key=str)
+        g.expect(
+            f"{where}: the test split",
+            len(rates_on_test) <= 1,
+            f"rates {rates_on_test} were all scored on the test split, so the choice among them was made on "
+            "test: the reported score is the best of several tries on it, an optimistic number",
+        )
+        g.expect(
+            f"{where}: the chosen rate",
+            len(lrs) == 1 or any(c[1] == "dev" for c in calls),
+            "no rate was scored on dev: the sweep must compare the rates on splits.dev",
+        )
+        g.compare(
+            f"{where}: the chosen rate (dev prefers {dev_best}, test would prefer {test_best})",
+            result["lr"],
+            dev_best,
+        )
+        g.expect(
+            f"{where}: the rate scored on test",
+            rates_on_test == [result["lr"]],
+            f"the test split saw rate(s) {rates_on_test}, but the result reports lr={result['lr']}",
+        )
+        seeds_on_test = sorted(c[3] for c in on_test)
+        g.expect(
+            f"{where}: the seeds on test",
+            seeds_on_test == sorted(seeds),
+            f"the test split was scored with seeds {seeds_on_test}; it must be scored once with each of {sorted(seeds)}",
+        )
+        if g.failure is None:
+            by_seed = {c[3]: c[4] for c in on_test}
+            expected = summarize([by_seed[s] for s in seeds])
+            test = result["test"]
+            if g.expect(
+                f"{where}: result['test']",
+                isinstance(test, dict) and "mean" in test and "std" in test,
+                f"expected a summary with 'mean' and 'std' (evaluate.summarize), got {test!r:.80}",
+            ):
+                g.compare(f"{where}: the mean of the test scores over seeds", test["mean"], expected["mean"], atol=1e-9)
+                g.compare(
+                    f"{where}: the spread (sample standard deviation) of the test scores over seeds",
+                    test["std"],
+                    expected["std"],
+                    atol=1e-9,
+                )
     return g.result()
