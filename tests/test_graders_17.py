@@ -69,6 +69,45 @@ def test_online_logsumexp_fails_two_passes_over_the_blocks(capsys):
     assert not check_online_logsumexp(lambda x, b: two_passes(F.pad(x, (0, -x.shape[-1] % b), value=-math.inf), b))
 
 
+def cloned_blocks(x, block):  # the blocks copied out first: a copy is followed, and read where it is used
+    return [x[..., j : j + block].clone() for j in range(0, x.shape[-1], block)]
+
+
+def two_passes_over_copies(x, block):  # two passes over copies of the blocks, x itself read only by the copies
+    blocks = cloned_blocks(x, block)
+    m = torch.stack([b.amax(-1) for b in blocks]).amax(0)
+    safe = m.masked_fill(m == -math.inf, 0.0)
+    return safe + torch.log(sum(torch.exp(b - safe[..., None]).sum(-1) for b in blocks))
+
+
+def one_pass_over_copies(x, block):  # the same copies, read once in order: a right answer
+    m, s = torch.full(x.shape[:-1], -math.inf), torch.zeros(x.shape[:-1])
+    for b in cloned_blocks(x, block):
+        m_new = torch.maximum(m, b.amax(-1))
+        safe = m_new.masked_fill(m_new == -math.inf, 0.0)
+        s, m = s * torch.exp(m - safe) + torch.exp(b - safe[..., None]).sum(-1), m_new
+    return m + torch.log(s)
+
+
+def per_lane(x, block):  # a right answer: a running maximum and sum per column of the block, folded at the end
+    xp = F.pad(x, (0, -x.shape[-1] % block), value=-math.inf)
+    m, s = torch.full((*x.shape[:-1], block), -math.inf), torch.zeros(*x.shape[:-1], block)
+    for j in range(0, xp.shape[-1], block):
+        m_new = torch.maximum(xp[..., j : j + block], m)  # elementwise: m holds the last block, a running state
+        safe = m_new.masked_fill(m_new == -math.inf, 0.0)
+        s, m = s * torch.exp(m - safe) + torch.exp(xp[..., j : j + block] - safe), m_new
+    top = m.amax(-1).masked_fill(m.amax(-1) == -math.inf, 0.0)
+    return top + torch.log((s * torch.exp(m.masked_fill(m == -math.inf, 0.0) - top[..., None])).sum(-1))
+
+
+def test_online_logsumexp_follows_copies_of_the_blocks(capsys):
+    assert check_online_logsumexp(one_pass_over_copies)
+    assert check_online_logsumexp(per_lane)
+    capsys.readouterr()
+    assert not check_online_logsumexp(two_passes_over_copies)
+    assert "a second pass over the row" in capsys.readouterr().out
+
+
 def test_online_logsumexp_fails_a_plausible_wrong_value(capsys):
     assert not check_online_logsumexp(lambda x, b: running_logsumexp(x, b, guard=False))  # NaN on a -inf block
     assert "all -inf" in capsys.readouterr().out
@@ -197,16 +236,60 @@ def scaled_and_split(q, k, v, block):  # a right answer that scales q and k whol
     return torch.cat(outs, 2)
 
 
+def padded_tiles_copied_first(q, k, v, block):  # a right answer: keys padded, viewed as tiles, copied in float64
+    B, H, Tk, D = k.shape
+    kt, vt = (F.pad(t, (0, 0, 0, -Tk % block)).view(B, H, -1, block, D).double() for t in (k, v))  # (B, H, n, b, D)
+    outs = []
+    for qi in q.double().split(block, dim=2):
+        m, l, o = torch.full(qi.shape[:-1], -math.inf, dtype=qi.dtype), torch.zeros_like(qi[..., 0]), qi * 0
+        for j in range(kt.shape[2]):
+            s = (qi @ kt[:, :, j].mT * D**-0.5).masked_fill(torch.arange(block) + j * block >= Tk, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1))
+            p, c = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+            l, o, m = c * l + p.sum(-1), c[..., None] * o + p @ vt[:, :, j], m_new
+        outs.append(o / l[..., None])
+    return torch.cat(outs, 2).float()
+
+
 def test_tiled_attention_passes_the_online_softmax():
     assert check_tiled_attention(tiled)
     assert check_tiled_attention(scaled_and_split)
+    assert check_tiled_attention(padded_tiles_copied_first)
     # the course's kernel, tiles in both loops: its loads and stores are views and copies
     assert check_tiled_attention(lambda q, k, v, b: flash_attention(q, k, v, block_size=b))
+
+
+def kept_score_tiles(q, k, v, block, copy_values=False):  # no online softmax: a second pass over kept scores
+    outs = []
+    for qi in q.split(block, 2):
+        s, vs = [], []
+        for kj, vj in zip(k.split(block, 2), v.split(block, 2)):
+            s.append(qi @ kj.mT * q.shape[-1] ** -0.5)  # (B, H, b, b), kept
+            vs.append(vj.clone() if copy_values else vj)  # a copy is followed: reading it later reads v
+        m = torch.stack([sj.amax(-1) for sj in s]).amax(0)
+        p = [torch.exp(sj - m[..., None]) for sj in s]
+        outs.append(sum(pj @ vj for pj, vj in zip(p, vs)) / sum(pj.sum(-1) for pj in p)[..., None])
+    return torch.cat(outs, 2)
+
+
+def all_key_tiles_batched(q, k, v, block):  # keys as (n, block, D) tiles, one batched matmul: query rows only
+    B, H, Tk, D = k.shape
+    kt, vt = (F.pad(t, (0, 0, 0, -Tk % block)).view(B, H, -1, block, D) for t in (k, v))  # (B, H, n, b, D)
+    padded = (torch.arange(0, kt.shape[2] * block, block)[:, None] + torch.arange(block) >= Tk)[:, None]  # (n, 1, b)
+    outs = []
+    for qi in q.split(block, 2):
+        s = (qi[:, :, None] @ kt.mT * D**-0.5).masked_fill(padded, -math.inf)  # (B, H, n, b, b): 640 < 1,920
+        p = torch.exp(s - s.amax((2, 4), keepdim=True))  # a plain softmax over dims (2, 4), no dim of 40
+        outs.append((p / p.sum((2, 4), keepdim=True) @ vt).sum(2))
+    return torch.cat(outs, 2)
 
 
 @pytest.mark.parametrize(
     "wrong, message",
     [
+        (kept_score_tiles, "each value tile before the next key tile"),
+        (lambda q, k, v, b: kept_score_tiles(q, k, v, b, copy_values=True), "each value tile before the next key"),
+        (all_key_tiles_batched, "rows of q, k or v per op"),
         (rows_transposed, "all 40 keys at once"),
         (key_tiles_only, "all 48 queries at once"),
         (two_passes_over_keys, "a second pass over the keys"),

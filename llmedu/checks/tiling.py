@@ -6,10 +6,11 @@ check_tiled_attention(fn)    fn(q, k, v, block) -> softmax(q k^T / sqrt(D)) v, t
 Both grade the method as well as the value. Every ATen op the function runs is recorded
 (``torch.utils._python_dispatch.TorchDispatchMode``): the shapes it reads and makes, the elements a reduction
 folds into each result, and which elements of the inputs (x; q, k and v) it reads, found from the storage
-offsets of its arguments. A whole copy of an input (padded, cast, scaled) is followed as the input itself.
-A one-pass answer reads each row's blocks (each query tile's key tiles) in order; a second pass reads an
-earlier block again after a later one. The docstrings say which ops, shapes and read orders fail. What the
-records cannot see: a second pass over tiles of scores kept from the first (their values are no longer x, k).
+offsets of its arguments. A copy, a cast, a padding or a concatenation of an input or of a slice of it, and an
+elementwise op of a whole input, are followed: what they make holds those elements, and reading it reads them.
+A one-pass answer reads each row's blocks (each query tile's key tiles) in order, and reads value tile j before
+key tile j + 1. The docstrings say which ops, shapes and read orders fail. Not seen: values carried out of a
+slice by arithmetic (``x_j * 1.0`` kept for later) or out of tensors (``.tolist()``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class _Call(NamedTuple):
     ins: list  # input shapes
     outs: list  # output shapes
     folded: int  # input elements folded into each result (reductions, scans), else 1
-    reads: list  # (input name, {group: first position read}): rows of x by column, heads of q/k/v by token
+    reads: list  # (input name, {group: (first position read, positions read)}): rows of x, heads of q, k, v
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -68,6 +69,8 @@ class _OpRecorder(TorchDispatchMode):
         """Mark ``t``'s elements as holding the source elements ``ids`` (kept alive: no other tensor takes
         the address)."""
         key = t.untyped_storage().data_ptr()
+        if self.tracked.get(key, (name,))[0] != name:  # it held another source: it holds this one now
+            del self.tracked[key]
         if key not in self.tracked:
             store = torch.full((t.untyped_storage().nbytes() // t.element_size(),), -1.0, dtype=torch.float64)
             self.tracked[key] = (name, store, [])
@@ -87,11 +90,13 @@ class _OpRecorder(TorchDispatchMode):
         except RuntimeError:  # a view in another dtype: not followed
             return None
 
-    def _first_positions(self, name: str, ids: torch.Tensor) -> dict:
+    def _positions(self, name: str, ids: torch.Tensor) -> dict:
+        """{group: (the first position read, how many positions)} of the source elements ``ids``."""
         size, stride = self.geometry[name]
         e = ids[ids >= 0].long()
         group, position = e // (size * stride), (e // stride) % size
-        return {g: int(position[group == g].min()) for g in group.unique().tolist()}
+        mine = [position[group == g] for g in group.unique().tolist()]
+        return {g: (int(p.min()), p.unique().numel()) for g, p in zip(group.unique().tolist(), mine)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -105,27 +110,40 @@ class _OpRecorder(TorchDispatchMode):
             folded = ins[0][args[1] if len(args) > 1 else kwargs["dim"]]
         sourced = [(t, found) for t in leaves if (found := self._ids(t)) is not None]
         reads = []
+        if op.startswith(("aten.copy_", "aten.fill_", "aten.zero_")):  # the destination is written, not read
+            sourced = [(t, found) for t, found in sourced if t is not args[0]]
+            if (found := self._ids(args[0])) is not None:
+                found[1].fill_(-1.0)  # it holds no source now; a copy_ of one marks it again below
         if not func.is_view and not op.startswith(_ALLOCS):
-            reads = [(src, self._first_positions(src, ids)) for _, (src, ids) in sourced]
-            if op.startswith("aten.copy_"):
-                sourced = sourced[1:] if sourced and sourced[0][0] is args[0] else sourced  # dst is written
-            self._follow_whole_copies(func, args, out, sourced)
+            held = {src: [] for _, (src, _) in sourced}  # one read per source: the elements of all its inputs
+            for _, (src, ids) in sourced:
+                held[src].append(ids.flatten())
+            reads = [(src, self._positions(src, torch.cat(ids))) for src, ids in held.items()]
+            self._follow_copies(func, args, kwargs, out, sourced)
         self.calls.append(_Call(func, func.is_view, ins, [tuple(t.shape) for t in outs], folded, reads))
         return out
 
-    def _follow_whole_copies(self, func, args, out, sourced) -> None:
-        """A copy, a cast, a padding or an elementwise op of a whole source is that source, read in its place."""
+    def _follow_copies(self, func, args, kwargs, out, sourced) -> None:
+        """A copy, a cast, a padding or a concatenation of a source (whole, or a slice of it), and an elementwise op
+        of a whole source, hold the source's elements: reading them later reads those. (An elementwise op of a
+        slice is not followed: it may be a running state, ``torch.maximum(m, x_j)``, that the next block reads.)"""
         op = str(func)
+        if op.startswith("aten.cat") and sourced and isinstance(out, torch.Tensor):
+            parts = [self._ids(t) for t in args[0]]
+            if len({found[0] for found in parts if found}) == 1:  # the parts of one source, and other tensors
+                blank = [torch.full(t.shape, -1.0, dtype=torch.float64) for t in args[0]]
+                ids = [found[1] if found else b for found, b in zip(parts, blank)]
+                self._track(sourced[0][1][0], out, torch.cat(ids, args[1] if len(args) > 1 else kwargs.get("dim", 0)))
+            return
         for _, (src, ids) in sourced:
-            if ids[ids >= 0].unique().numel() < self.numel[src]:
-                continue  # a slice: its reads count, it is not followed
             if op.startswith("aten.constant_pad_nd") and isinstance(out, torch.Tensor):
                 self._track(src, out, F.pad(ids, args[1], value=-1.0))
             elif op.startswith("aten.copy_"):
                 self._track(src, args[0], ids)
             elif isinstance(out, torch.Tensor) and out.shape == ids.shape:
-                pointwise = torch.Tag.pointwise in func.tags
-                if pointwise or op.startswith(("aten.clone", "aten._to_copy", "aten.detach", "aten.alias")):
+                copy = op.startswith(("aten.clone", "aten._to_copy", "aten.detach", "aten.alias"))
+                whole = ids[ids >= 0].unique().numel() == self.numel[src]  # k * scale, not torch.maximum(m, x_j)
+                if copy or (whole and torch.Tag.pointwise in func.tags):
                     self._track(src, out, ids)
 
 
@@ -147,23 +165,63 @@ def _expect_no_merge_op(g: Grader, case: str, calls) -> None:
     _expect_none(g, f"{case}: the running maximum and sum written out", merges, detail)
 
 
+def _in_order(calls, tile: str | None):
+    """(op, source, group, first position) of every read but a copy's, in order, and (None, None, group, None)
+    where a read of ``tile`` at a new position (the next query tile) starts the order afresh for that group."""
+    current = {}
+    for call in calls:
+        if str(call.func).startswith(_COPIES):
+            continue  # a copy is not a use: its copy is followed, and read where it is used
+        for src, groups in call.reads:
+            for group, (first, _) in groups.items() if src == tile else ():
+                if current.get(group) != first:
+                    current[group] = first
+                    yield None, None, group, None
+        for src, groups in call.reads:
+            for group, (first, _) in groups.items():
+                yield str(call.func), src, group, first
+
+
 def _second_pass(calls, names: tuple, tile: str | None = None) -> list:
     """[(op, source, group, position, position read before)] for the first read of a source in ``names`` at an
-    earlier position of its group than the read before it; a read of ``tile`` at a new position (the next query
-    tile) starts the order afresh for that group."""
-    last, current = {}, {}
-    for call in calls:
-        for src, firsts in call.reads:
-            for group, position in firsts.items() if src == tile else ():
-                if current.get(group) != position:
-                    current[group] = position
-                    last = {key: p for key, p in last.items() if key[1] != group}
-        for src, firsts in call.reads:
-            for group, position in firsts.items() if src in names else ():
-                if position < last.get((src, group), -1):
-                    return [(str(call.func), src, group, position, last[src, group])]
-                last[src, group] = position
+    earlier position of its group than the read before it."""
+    last = {}
+    for op, src, group, position in _in_order(calls, tile):
+        if op is None:
+            last = {key: p for key, p in last.items() if key[1] != group}
+        elif src in names:
+            if position < last.get((src, group), -1):
+                return [(op, src, group, position, last[src, group])]
+            last[src, group] = position
     return []
+
+
+def _late_values(calls, block: int) -> list:
+    """[(op, value tile, group, key tile read before)] for the first read of value tile j after key tile j + 1
+    (or a later one) of the same query tile: the online softmax folds each value tile into the output before it
+    reads the next key tile; scores kept for a second pass read all the keys first."""
+    keys = {}
+    for op, src, group, position in _in_order(calls, "q"):
+        if op is None:
+            keys.pop(group, None)
+        elif src == "k":
+            keys[group] = max(keys.get(group, -1), position // block)
+        elif src == "v" and position // block < keys.get(group, -1):
+            return [(op, position // block, group, keys[group])]
+    return []
+
+
+def _work(calls):
+    """The calls other than views, copies, allocations and elementwise ops on a whole input (``k * scale``)."""
+    for c in calls:
+        moves = c.is_view or str(c.func).startswith((*_COPIES, *_ALLOCS, "aten.stack"))
+        if not moves and not (torch.Tag.pointwise in c.func.tags and any(out in c.ins for out in c.outs)):
+            yield c
+
+
+def _many_rows(calls, block: int) -> list:
+    """[(op, rows, source)] of the ops in ``_work`` that read more than ``block`` rows of one head of q, k or v."""
+    return [(str(c.func), n, src) for c in _work(calls) for src, rows in c.reads for _, n in rows.values() if n > block]
 
 
 def _first_block_masked() -> torch.Tensor:
@@ -179,7 +237,8 @@ def check_online_logsumexp(fn):
     (``torch.logsumexp(x, -1)``, or ``x.max(-1)`` over the whole row, fails), no reduction may fold more than
     ``block`` elements into one result (``x.mT.amax(0)``, or an ``amax((-2, -1))`` over all blocks at once, fails),
     none may be ``torch.logsumexp`` or ``torch.logaddexp`` (per block, they would do the merge), and each row's
-    blocks are read in order, once: a maximum block by block and then a sum block by block (two passes) fails.
+    blocks are read in order, once: a maximum block by block, then a sum block by block (two passes, even over
+    copies of the blocks), fails.
     """
     g = Grader("check_online_logsumexp")
     gen = torch.Generator().manual_seed(0)
@@ -204,13 +263,8 @@ def check_online_logsumexp(fn):
         g.compare(case, got, torch.logsumexp(x, dim=-1), atol=1e-4, rtol=1e-6)
         recorded.append((case, block, calls))
     for case, block, calls in recorded:
-        wide = [
-            (c.func, s)
-            for c in calls
-            if not c.is_view and not str(c.func).startswith(_COPIES)
-            for s in c.ins
-            if s and s[-1] > block
-        ]
+        reading = [c for c in calls if not c.is_view and not str(c.func).startswith(_COPIES)]
+        wide = [(c.func, s) for c in reading for s in c.ins if s and s[-1] > block]
         _expect_none(g, f"{case}: {block} columns at a time", wide, "{} read a tensor of shape {}".format)
         folds = [(c.func, c.folded, c.ins[0]) for c in calls if c.folded > block]
         detail = "{} folded {} elements of a tensor of shape {} into each result".format
@@ -226,25 +280,19 @@ def check_online_logsumexp(fn):
 
 
 def _too_wide(calls, T: int) -> list:
-    """(op, shape) of the ops, other than views, copies and allocations, that read or make a tensor with a
-    dimension of ``T``, unless they work element by element on a whole input (``k * scale``)."""
-    found = []
-    for c in calls:
-        op = str(c.func)
-        if c.is_view or op.startswith((*_COPIES, *_ALLOCS, "aten.stack")):
-            continue
-        if torch.Tag.pointwise in c.func.tags and any(out in c.ins for out in c.outs):
-            continue
-        found += [(op, shape) for shape in (*c.outs, *c.ins) if T in shape][:1]
-    return found
+    """(op, shape) of the ops in ``_work`` that read or make a tensor with a dimension of ``T``."""
+    return [(str(c.func), shape) for c in _work(calls) for shape in (*c.outs, *c.ins) if T in shape]
 
 
 def check_tiled_attention(fn):
     """``fn(q, k, v, block)``: non-causal attention, q (B, H, Tq, D), k and v (B, H, Tk, D).
 
     The method: no fused attention op (``F.scaled_dot_product_attention``), no ``torch.logsumexp`` or
-    ``torch.logaddexp`` to carry the normaliser, and each query tile reads the key and value tiles in order,
-    once (a first pass for the maximum and a second for the sum fails). On the last case (Tq = 48, Tk = 40,
+    ``torch.logaddexp`` to carry the normaliser; no op but a view, a copy or an elementwise op on a whole input
+    reads more than ``block`` rows of one head of q, k or v (a batched matmul over every key tile at once fails);
+    each query tile reads the key and value tiles in order, once (a first pass for the maximum and a second for
+    the sum fails), and reads value tile j before key tile j + 1, as the online softmax does (score tiles kept
+    in a list, their maximum taken, then multiplied by the values, fail). On the last case (Tq = 48, Tk = 40,
     tiles of 8, where a tile holds 64 scores and one head's score matrix 1,920), no op may make 1,920 elements
     or more, and none but a view, a copy, an allocation or an elementwise op on a whole input may read or make
     a tensor with a dimension of 40 (every key at once, in any position: ``k @ q_i.mT`` fails) or of 48 (every
@@ -290,4 +338,12 @@ def check_tiled_attention(fn):
         )
         found = [(f, src, p, grp, b) for f, src, grp, p, b in _second_pass(calls, ("k", "v"), tile="q")]
         _expect_none(g, f"{case}: one pass over the key tiles", found, detail.format)
+    for case, _, _, block, _, calls in recorded:
+        detail = f"{{}} read {{}} rows of one head of {{}} at once: more than a tile of {block}".format
+        _expect_none(g, f"{case}: at most {block} rows of q, k or v per op", _many_rows(calls, block), detail)
+        detail = (
+            "{} read value tile {} (batch x head {}) after key tile {}, for the same query tile: fold each value "
+            "tile into the output (rescaled by the running maximum) before reading the next key tile"
+        )
+        _expect_none(g, f"{case}: each value tile before the next key tile", _late_values(calls, block), detail.format)
     return g.result()
