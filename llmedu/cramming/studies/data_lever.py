@@ -23,16 +23,17 @@ Each row of the table adds one treatment to the row before, on the training text
 
 Fair comparison. Every run trains the same model for the SAME NUMBER OF OPTIMIZER STEPS, so every row reads the
 same tokens and spends the same FLOPs; not the same seconds, which a shared machine's load would decide. The
-learning rate and the batch ramp follow the steps (``BudgetClock`` without seconds). The text (600,000 characters
-of each corpus) holds more than the steps read in every row, as the paper prepares "enough tokens for our single
-pass": no run reads a row twice, and a sorted run never reaches its least prevalent rows. One WordPiece tokenizer, learnt once from the baseline text
-(the first ``tokenizer_chars`` of each corpus), serves every row, so losses are in the same units. Every run is
-scored on the SAME held-out rows: the validation split of every corpus, neither deduplicated nor filtered (the
-distribution a student's text comes from), less any document or long line that also appears in the baseline's
-training text (``remove_seen``). Each treatment only removes training text, so no held-out text that a
-treatment trains on is scored, for any row. The seed draws the initial weights, the masks and (unsorted rows)
-the order; the held-out masks are fixed (``EVAL_SEED``). A row's gap to the baseline is a difference of means
-over seeds that share nothing, so its standard error is the two-sample one, sqrt(s_a^2 / n_a + s_b^2 / n_b).
+learning rate and the batch ramp follow the steps (``BudgetClock`` without seconds). The default text (600,000
+characters of each corpus) holds more rows than 400 steps read in every row, as the paper prepares "enough tokens
+for our single pass": no run reads a row twice, and the sorted run never reaches its least prevalent rows. One
+WordPiece tokenizer, learnt from the baseline text (the first ``tokenizer_chars`` of each corpus), serves every
+row, so the losses are in the same units; its 1024 pieces (the tiny shape) cut text finer than the paper's 32768,
+so the paper's t = 0.3 would drop most of ours: t is set by the share it drops. Every run is scored on the SAME
+held-out rows: the validation split of every corpus, neither deduplicated nor filtered, less any document or long
+line that the baseline's training text holds (``remove_seen``); each treatment only removes training text, so
+no row is scored on text it trained on. The seed draws the initial weights, the masks and (unsorted rows) the
+order; the held-out masks are fixed (``EVAL_SEED``). A row's gap to the baseline is a difference of means over
+seeds that share nothing: its standard error is the two-sample one, sqrt(s_a^2 / n_a + s_b^2 / n_b).
 
 Left out: near-duplicate and substring deduplication (Lee et al.'s suffix arrays), swapping the data source
 (the paper's other pathway), the end-of-training batch increase, downstream tasks (the held-out MLM loss only).
@@ -320,9 +321,8 @@ def run_data_lever(
 
     settings = dict(shape=shape, steps=steps, seeds=list(seeds), drop_share=drop_share, max_chars=max_chars)
     settings |= dict(corpora=list(corpora), tokenizer_chars=tokenizer_chars, evals=evals, eval_seed=EVAL_SEED)
-    results = study_results(
-        command or "run_data_lever (from Python)", device, start, _config(recipe, tokenizer, **settings)
-    )
+    config = _config(recipe, tokenizer, **settings)
+    results = study_results(command or "run_data_lever (from Python)", device, start, config)
     del results["runs"]
     results["provenance"] |= _git() | {"data_seconds": round(time.perf_counter() - prep, 1)}
     results |= {"held_out": seen | {"rows": len(val_rows), "rows_scored": scored}, "filter": filter_record}
@@ -344,6 +344,7 @@ def run_data_lever(
             if record["n"] > 1 and name != "baseline":  # the baseline ran first with this seed
                 record["vs_baseline"] = gap(record, results["rows"]["baseline"])
             write_results(out, results, start)
-            say(f"[seed {seed}] {name:<18} held-out loss {run['val_loss']:.4f} after {steps} steps "
-                f"({run['train_tokens']:,} tokens, {record['passes']:.2f} passes; {run['wall_seconds']:.0f} s)")  # fmt: skip
+            tokens, seconds = f"{run['train_tokens']:,} tokens", f"{run['wall_seconds']:.0f} s"
+            say(f"[seed {seed}] {name:<18} held-out loss {run['val_loss']:.4f} after {steps} steps ({tokens}, "
+                f"{record['passes']:.2f} passes; {seconds})")  # fmt: skip
     return results
