@@ -53,3 +53,49 @@ def test_micro_batches_grader():
             batch, p, fixed, per_sample, memory if batch <= memory else 0
         )
     )
+
+
+def interleaved_by_hand(m, p, s, v):
+    """Megatron-LM's warm-up count, plus the one forward before the first backward; at most all m v."""
+    return min(2 * (p - s - 1) + (v - 1) * p + 1, m * v)
+
+
+def test_interleaved_peak_grader():
+    from llmedu.checks.pipeline import check_interleaved_peak, interleaved_peak
+
+    assert check_interleaved_peak(interleaved_by_hand)
+    # plausible wrong value: the warm-up forwards alone (the steady state's forward before each backward forgotten)
+    assert not check_interleaved_peak(lambda m, p, s, v: min(2 * (p - s - 1) + (v - 1) * p, m * v))
+    # plausible wrong value: 1F1B's count in chunks, v times p - s
+    assert not check_interleaved_peak(lambda m, p, s, v: min(m, p - s) * v)
+    # right where the pipe is full, wrong where m v forwards are fewer than the warm-up (no cap)
+    assert not check_interleaved_peak(lambda m, p, s, v: 2 * (p - s - 1) + (v - 1) * p + 1)
+    # the right value, counted from the library's schedule
+    result = check_interleaved_peak(lambda m, p, s, v: interleaved_peak(m, p, s, v))
+    assert not result and "called" in result.failure
+
+
+def late_by_hand(p, m, t_f, c):
+    """GPipe's overlapped step, plus c for each of the m-1 gradients that reach rank p-2 after its receive
+    was posted with its own send (no such rank-pair tie at p=2)."""
+    return 3 * (m + p - 1) * t_f + 2 * (p - 1) * c + ((m - 1) * c if p > 2 else 0)
+
+
+def test_late_receive_step_grader():
+    from llmedu.checks.pipeline import check_late_receive_step
+    from llmedu.parallel.pipeline_study import predicted_step
+
+    assert check_late_receive_step(late_by_hand)
+    # plausible wrong value: the model, as if posting late cost nothing
+    assert not check_late_receive_step(lambda p, m, t_f, c: 3 * (m + p - 1) * t_f + 2 * (p - 1) * c)
+    # plausible wrong value: late at p=2 too (there no rank sends a gradient while its successor sends one)
+    assert not check_late_receive_step(lambda p, m, t_f, c: 3 * (m + p - 1) * t_f + 2 * (p - 1) * c + (m - 1) * c)
+    # plausible wrong value: every one of the m gradients late
+    assert not check_late_receive_step(
+        lambda p, m, t_f, c: 3 * (m + p - 1) * t_f + 2 * (p - 1) * c + (m * c if p > 2 else 0)
+    )
+    # the right value, the model asked of the library's simulator and the late receives added
+    result = check_late_receive_step(
+        lambda p, m, t_f, c: predicted_step("gpipe", p, m, t_f, latency=c) + ((m - 1) * c if p > 2 else 0)
+    )
+    assert not result and "called" in result.failure

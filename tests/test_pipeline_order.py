@@ -9,12 +9,13 @@ tag (gloo then pairs messages by posting order alone, as NCCL does) and records 
 in batches. Two checks, for every schedule at p=2 and p=4:
 
 * values: the loss and the gradients of one process, with messages paired by order alone;
-* no deadlock: ``_drain`` plays the recorded posts as NCCL runs them (a rank's batches one after the
-  other; a send and a receive meet when both are in their ranks' current batch). A pipeline that
-  posts a send ahead of a receive its peer needs first gets stuck there. The executor that paired
-  messages by tag did, for every schedule (each send and receive alone, in the order of its own
-  actions); its values were right without tags, since each direction's sends and receives already
-  came in the same order.
+* no deadlock: ``_drain`` plays the recorded posts with a queue per direction on each rank (its sends
+  one batch after the other, its receives likewise; a send and a receive meet when both are in their
+  queues' current batch). A pipeline that posts a send ahead of a receive its peer needs first gets
+  stuck there. The executor posts a receive before a send at a tie (``message_order``), so NCCL's own
+  rule, one queue per rank, would get stuck on it: ``_drain(..., per_direction=False)`` shows where.
+  An executor that paired messages by tag (each send and receive alone, in the order of its own
+  actions) gets stuck either way.
 
 Tolerance 1e-5 in fp32, as in test_parallel_pipeline_parallel.py.
 """
@@ -34,10 +35,12 @@ RUNS = [("naive", 4, 1), ("gpipe", 4, 1), ("1f1b", 4, 1), ("interleaved", 4, 2),
 
 
 # -- the NCCL model -------------------------------------------------------------------------------------------
-def _drain(posts: list[list[list[tuple]]]) -> str | None:
-    """Play every rank's batches of (kind, peer, what) as NCCL runs them; None if all complete, else where
-    they got stuck. The n-th send from i to j meets the n-th receive on j from i (their ``what`` must
-    agree) once both are in their ranks' current batch; a batch ends when all of its operations have met."""
+def _drain(posts: list[list[list[tuple]]], per_direction: bool = True) -> str | None:
+    """Play every rank's batches of (kind, peer, what); None if all complete, else where they got stuck.
+    The n-th send from i to j meets the n-th receive on j from i (their ``what`` must agree) once both are
+    in their queues' current batch; a batch ends when all of its operations have met. ``per_direction``:
+    each rank's sends and its receives are two queues (a batch's sends in one, its receives in the other);
+    else one queue per rank, as NCCL runs a rank's operations."""
     count: dict = {}
     queues = []  # per rank: batches of operations (kind, src, dst, n, what), n: the n-th of its direction
     for rank, batches in enumerate(posts):
@@ -49,6 +52,12 @@ def _drain(posts: list[list[list[tuple]]]) -> str | None:
                 n = count[(kind, src, dst)] = count.get((kind, src, dst), -1) + 1
                 ops.append((kind, src, dst, n, what))
             queues[-1].append(ops)
+    if per_direction:  # each rank's queue split in two: its sends' batches, its receives' batches
+        queues = [
+            [b for b in (list(filter(lambda op: op[0] == k, ops)) for ops in q) if b]
+            for q in queues
+            for k in ("send", "recv")
+        ]
     for kind, src, dst in count:
         if count[(kind, src, dst)] != count.get(("recv" if kind == "send" else "send", src, dst)):
             return f"{src}->{dst}: sends and receives differ in number"
@@ -71,7 +80,9 @@ def _drain(posts: list[list[list[tuple]]]) -> str | None:
 
 def test_drain_finds_a_deadlock_and_a_mismatch():
     # both send first, each its own batch: each send waits for a receive queued behind the other's send
-    assert "stuck" in _drain([[[("send", 1, 4)], [("recv", 1, 4)]], [[("send", 0, 4)], [("recv", 0, 4)]]])
+    one_queue = [[[("send", 1, 4)], [("recv", 1, 4)]], [[("send", 0, 4)], [("recv", 0, 4)]]]
+    assert "stuck" in _drain(one_queue, per_direction=False)
+    assert _drain(one_queue) is None  # a queue per direction: the sends do not wait behind the receives
     # the same in one batch each (batch_isend_irecv): fine
     assert _drain([[[("send", 1, 4), ("recv", 1, 4)]], [[("recv", 0, 4), ("send", 0, 4)]]]) is None
     # sizes 4 and 8 sent, received as 8 and 4: paired by order, the first send meets the wrong receive
@@ -155,12 +166,13 @@ def test_tags_ignored_every_schedule_gives_the_loss_and_gradients_of_one_process
 def test_every_pair_of_ranks_posts_its_messages_in_one_order(ranks, name):
     p, results = ranks
     stuck = _drain([result[name]["posts"] for result in results])
-    assert stuck is None, f"p={p} {name}: NCCL would hang or pair the wrong messages: {stuck}"
+    assert stuck is None, f"p={p} {name}: a queue per direction would hang or pair the wrong messages: {stuck}"
 
 
-def test_every_schedule_posts_in_an_order_nccl_completes_without_processes(monkeypatch):
+def test_every_schedule_posts_in_an_order_that_completes_with_a_queue_per_direction(monkeypatch):
     """The executor's sends and receives, in its order of actions, through ``Mailbox`` with the posts
-    recorded instead of sent: for p up to 4, m up to 8, v up to 3, every message meets the right one."""
+    recorded instead of sent: for p up to 4, m up to 8, v up to 3, every message meets the right one
+    with a queue per direction on each rank."""
     from llmedu.parallel import p2p
     from llmedu.parallel.pipeline_schedules import Message, message_order, schedule
 
@@ -199,6 +211,8 @@ def test_every_schedule_posts_in_an_order_nccl_completes_without_processes(monke
                             mail.send(message, tensor_of(message))
                     mail.wait_for_sends()
                 assert _drain(posts) is None, (name, p, m, v, _drain(posts))
+                if (name, p, m, v) == ("interleaved", 2, 2, 2):  # one queue per rank: receives first at a tie hang
+                    assert "stuck" in _drain(posts, per_direction=False)
 
 
 # -- ranks that cut the step differently -----------------------------------------------------------------------

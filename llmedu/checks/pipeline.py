@@ -1,7 +1,12 @@
-"""Graders for lesson 13 (pipeline parallelism): a bubble predicted by hand, and a number of micro-batches chosen.
+"""Graders for lesson 13 (pipeline parallelism): a bubble predicted by hand, the activations an interleaved
+rank holds, the cost of receives posted late, and a number of micro-batches chosen.
 
 ``check_slow_stage_bubble`` wants the idle share of a GPipe step with one slow stage worked out with pen and
 paper: it fails a function that asks the library's schedules or simulator (``llmedu.parallel``) for it.
+``check_interleaved_peak`` wants the most chunk activations a rank of the interleaved schedule holds, and
+``check_late_receive_step`` the overlapped GPipe step of a ``Mailbox`` whose order breaks ties with the
+lower rank's send first, both worked out by hand too (``mailbox_step`` is the reference: the executor's
+posts simulated, each message leaving when it is sent or when its receive is posted, whichever is later).
 ``check_micro_batches`` wants the m that gives the shortest 1F1B step within a memory budget, when each
 micro-batch also pays a fixed cost; its cases are built so that ignoring the memory, the fixed cost, or
 the bubble each picks a wrong m somewhere.
@@ -9,13 +14,15 @@ the bubble each picks a wrong m somewhere.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from ..parallel.pipeline_schedules import bubble_fraction, schedule, simulate
+from ..parallel.pipeline_schedules import Message, bubble_fraction, message_order, schedule, simulate
 from .core import CheckResult, Grader, call_watching
 
 __all__ = ["check_slow_stage_bubble", "check_micro_batches", "slow_stage_bubble", "best_micro_batches"]
+__all__ += ["check_interleaved_peak", "interleaved_peak", "check_late_receive_step", "mailbox_step"]
 
 _LIBRARY = Path(__file__).resolve().parents[1] / "parallel"
 
@@ -44,6 +51,99 @@ def check_slow_stage_bubble(fn: Callable[[int, int, int, float], float]) -> Chec
         if not g.expect(f"{case}: worked out, not simulated", called is None, f"your function called {called}"):
             break
         g.compare(case, got, slow_stage_bubble(p, m, k, s), atol=1e-9)
+    return g.result()
+
+
+def interleaved_peak(n_micro: int, n_stages: int, stage: int, n_chunks: int) -> int:
+    """The reference, counted: the most (micro-batch, chunk) activations rank ``stage`` holds at once."""
+    held, peak = set(), 0
+    for a in schedule("interleaved", n_micro, n_stages, stage, n_chunks):
+        (held.add if a.kind == "F" else held.discard)((a.micro, a.chunk))
+        peak = max(peak, len(held))
+    return peak
+
+
+def check_interleaved_peak(fn: Callable[[int, int, int, int], int]) -> CheckResult:
+    """``fn(n_micro, n_stages, stage, n_chunks)`` -> the most chunk activations (one micro-batch through
+    one chunk, from its F until its B) that rank ``stage`` of the interleaved schedule holds at once.
+    Worked out by hand: a function that calls ``llmedu.parallel`` fails."""
+    g = Grader("check_interleaved_peak")
+    for p, v, m in [(4, 2, 8), (4, 2, 4), (2, 3, 2), (8, 2, 32), (4, 3, 12), (3, 4, 3), (2, 2, 8)]:
+        for s in range(p):
+            case = f"m={m}, p={p}, v={v}, rank {s}"
+            got, called = call_watching(g, fn, (m, p, s, v), _LIBRARY)
+            if not g.expect(f"{case}: worked out, not counted", called is None, f"your function called {called}"):
+                return g.result()
+            g.compare(case, got, interleaved_peak(m, p, s, v))
+    return g.result()
+
+
+def mailbox_step(n_stages: int, n_micro: int, t_f: float, c: float, receives_first: bool = True) -> float:
+    """The reference: an overlapped GPipe step (F t_f, B 2 t_f, c per message) as ``Pipeline.step`` runs it
+    over a ``Link``: the ``Mailbox`` posts receives in ``message_order``'s order up to its next send, and a
+    message leaves when it is sent or when its receive is posted, whichever is later; each rank's incoming
+    and outgoing link carries one message at a time."""
+    p, last = n_stages, n_stages - 1
+    orders = [deque(message_order("gpipe", n_micro, p, r, receives_first=receives_first)) for r in range(p)]
+    actions = [deque(schedule("gpipe", n_micro, p, r)) for r in range(p)]
+    posted, sent, clock = {}, {}, [0.0] * p
+    free = {(r, d): 0.0 for r in range(p) for d in ("send", "recv")}
+
+    def post_through(r, key, now):  # the messages up to key, then the receives up to the next send
+        while True:
+            direction, _, k = orders[r].popleft()
+            posted.update({k: now} if direction == "recv" else {})
+            if k == key:
+                break
+        while orders[r] and orders[r][0][0] == "recv":
+            posted[orders[r].popleft()[2]] = now
+
+    while any(actions):
+        for r in range(p):
+            while actions[r]:
+                a, now = actions[r][0], clock[r]
+                needs = (
+                    Message(a.micro, r, a.kind == "B")
+                    if (a.kind == "F" and r > 0 or a.kind == "B" and r < last)
+                    else None
+                )
+                if needs is not None:
+                    if needs not in sent:
+                        break
+                    if needs not in posted:
+                        post_through(r, needs, now)
+                    start = max(sent[needs], posted[needs], free[(r, "recv")])
+                    free[(r, "recv")] = start + c
+                    now = max(now, start + c)
+                now += t_f if a.kind == "F" else 2 * t_f
+                to = r + 1 if a.kind == "F" else r - 1
+                if 0 <= to <= last:
+                    key = Message(a.micro, to, a.kind == "B")
+                    post_through(r, key, now)
+                    sent[key] = now
+                    free[(r, "send")] = max(now, free[(r, "send")]) + c
+                clock[r] = now
+                actions[r].popleft()
+    return max(clock)
+
+
+def check_late_receive_step(fn: Callable[[int, int, float, float], float]) -> CheckResult:
+    """``fn(n_stages, n_micro, t_f, c)`` -> the overlapped GPipe step (backward 2 t_f, c per message, c <=
+    t_f) when the ``Mailbox`` posts its messages in the order ``message_order(..., receives_first=False)``
+    gives. Worked out by hand: a function that calls ``llmedu.parallel`` fails."""
+    g = Grader("check_late_receive_step")
+    for p, m, t_f, c in [
+        (4, 8, 0.02, 0.01),
+        (2, 4, 0.02, 0.01),
+        (3, 5, 1.0, 0.5),
+        (8, 16, 1.0, 0.25),
+        (4, 1, 1.0, 1.0),
+    ]:
+        case = f"p={p}, m={m}, t_f={t_f}, c={c}"
+        got, called = call_watching(g, fn, (p, m, t_f, c), _LIBRARY)
+        if not g.expect(f"{case}: worked out, not simulated", called is None, f"your function called {called}"):
+            break
+        g.compare(case, got, mailbox_step(p, m, t_f, c, receives_first=False), rtol=1e-9)
     return g.result()
 
 

@@ -13,7 +13,10 @@ from i to j meets the n-th receive on j from i, and each rank's sends and receiv
 other in the order it posted them (a send waits until its receive runs). ``post`` puts a rank's sends
 and receives of one moment in one batch (``batch_isend_irecv``), so that two ranks that send to each
 other at once do not each wait for the other's receive; ``Mailbox`` posts a pipeline's many messages
-in an order given to it (``pipeline_schedules.message_order``: one order for the whole step).
+in an order given to it (``pipeline_schedules.message_order``), receives as early as that order allows.
+That order keeps each direction between two ranks in one order on both sides, which is what gloo
+matches on; it posts a rank's receive before its send at a tie, so under NCCL's rule (one queue per
+rank) it would need a queue per direction (see ``message_order``).
 
 ``with traffic() as t:`` counts the payload bytes and the messages this rank sends inside the block,
 so that what an algorithm really sends can be compared with its cost model (``ring_all_reduce_bytes``).
@@ -102,13 +105,15 @@ class Mailbox:
     """A rank's messages of one step, posted in an agreed order.
 
     ``order`` lists this rank's messages as ("send" or "recv", peer, key) in the order it must post them
-    (every pair of ranks must post the messages between them in the same order). ``send(key, tensor)``
+    (the messages from one rank to another in the same order on both). ``send(key, tensor)``
     posts the send together with the receives that come before it; ``recv(key)`` posts the receives up
     to ``key`` (if not posted yet) and waits for ``key``'s; both then post the receives that follow, up
     to the next send, so that messages can arrive while the rank computes. A receive posted early lands
     in its own buffer (``new_buffer(key)``) and stays there until asked for. ``post``: a ``Link``'s
-    (default: this module's ``post``); ``blocking_sends`` makes ``send`` wait until its message has left (no overlap). Sends must come in the agreed order:
-    that the rank computes them in that order is for whoever makes the order to guarantee.
+    (default: this module's ``post``); ``blocking_sends`` makes ``send`` wait until its message has
+    left (no overlap). Sends must come in the agreed order: that the rank computes them in that order is
+    for whoever makes the order to guarantee. ``posts`` lists what was posted, in order: (direction,
+    peer, key), one entry per handle, as a ``Link`` lists them in its ``records``.
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class Mailbox:
         self.new_buffer, self.log, self.post, self.blocking_sends = new_buffer, log, post, blocking_sends
         self.posted: dict = {}  # key -> (buffer, handle): receives posted, perhaps not yet arrived
         self.sending: list = []  # handles of the sends posted
+        self.posts: list = []  # (direction, peer, key) of every operation posted, in the order posted
 
     def send(self, key: Hashable, tensor: torch.Tensor) -> None:
         self._post_through(key, tensor)
@@ -164,6 +170,7 @@ class Mailbox:
             if next_key == key:
                 break
         handles = (self.post or post)(sends, [(buffer, peer) for buffer, peer, _ in recvs])
+        self.posts += [("recv", peer, k) for _, peer, k in recvs] + [("send", peer, key) for _, peer in sends]
         for (buffer, _, k), handle in zip(recvs, handles):
             self.posted[k] = (buffer, handle)
         self.sending += handles[len(recvs) :]
@@ -177,7 +184,7 @@ class Mailbox:
         while self.queue and self.queue[0][0] == "recv":
             _, peer, k = self.queue.popleft()
             recvs.append((self.new_buffer(k), peer, k))
-        for (buffer, _, k), handle in zip(
-            recvs, (self.post or post)([], [(buffer, peer) for buffer, peer, _ in recvs])
-        ):
+        handles = (self.post or post)([], [(buffer, peer) for buffer, peer, _ in recvs])
+        self.posts += [("recv", peer, k) for _, peer, k in recvs]
+        for (buffer, _, k), handle in zip(recvs, handles):
             self.posted[k] = (buffer, handle)

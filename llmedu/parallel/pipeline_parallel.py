@@ -18,8 +18,9 @@ ids) I has nothing to compute.
 
 Gradients are those of one process: the loss of each micro-batch is divided by m, and the gradients of
 the m backwards add up in ``.grad``. Messages between two ranks are matched by the order they are posted
-in, as NCCL matches them (tags are ignored there): both ranks post them in the order ``message_order``
-derives from the schedule, through a ``Mailbox`` (p2p.py).
+in, not by tag (as NCCL matches them): every rank posts its messages, through a ``Mailbox`` (p2p.py), in
+the order ``message_order`` derives from the schedule, each direction in one order on both ranks, and
+a receive before a send at a tie, so that no receive is posted later than its message is sent.
 
 Sends leave without waiting (``isend``): the rank computes while its message travels, and it posts its
 next receives early, so that an incoming message can travel meanwhile too. ``overlap=False`` waits for
@@ -27,7 +28,7 @@ each send instead, as a blocking ``dist.send`` would; ``link=Link(alpha, beta)``
 known time (link.py), so that the time a pipeline hides can be measured (``pipeline_study``).
 
 Left out: sending shapes (every stage is told the activation shape), and a separate stream per
-direction for the sends (a GPU's copy engines).
+direction (a GPU's copy engines; NCCL would need it for this order of posts, see ``message_order``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Pipeline:
         self.is_first, self.is_last = self.index == 0, self.index == self.n_stages - 1
         self.log = EventLog()  # compute and comm spans, for timelines
         self.peak_in_flight = 0  # the most (micro-batch, chunk) activations this rank held at once
+        self.posts: list = []  # the last step's operations, in the order posted: (direction, peer, Message)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, n_micro: int, schedule_name: str = "1f1b"):
         """Forward and backward of one batch in ``n_micro`` micro-batches; gradients land in ``.grad``.
@@ -139,6 +141,7 @@ class Pipeline:
                 with self.log.span("compute", f"weight: {a}"):
                     y.backward(grad, inputs=[q for q in self.chunks[c].parameters() if q.requires_grad])
         mail.wait_for_sends()
+        self.posts = mail.posts
         self._exchange_tied_gradients()
         return total if self.is_last else None
 

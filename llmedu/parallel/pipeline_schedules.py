@@ -37,8 +37,9 @@ backward t_b = 2 t_f, on one rank per micro-batch and stage) and free communicat
                   (peak memory as 1F1B's: every rank holds at most p micro-batches until their W)
 
 **Messages**: a forward sends its activation to the next stage, a backward (B or I) its input gradient
-to the one before. ``message_order`` gives, for every pair of ranks, the one order in which both post
-the messages between them (NCCL pairs sends and receives by that order alone, not by tag).
+to the one before. ``message_order`` gives each rank the order in which it posts its messages: in each
+direction between two ranks both post them in one order (sends and receives are paired by that order
+alone, not by tag, as NCCL pairs them), and at a tie a rank posts its receive before its send.
 
 ``simulate`` runs any schedule with given action times (free communication unless given a latency
 per message; sends overlapped with compute, or ``blocking`` their rank until delivered) and refuses a schedule that cannot run (a stage waiting for work that comes after it).
@@ -253,18 +254,28 @@ class Message(NamedTuple):
         return f"{'gradient' if self.grad else 'activation'} of micro-batch {self.micro} to stage {self.to_stage}"
 
 
-def message_order(name: str, n_micro: int, n_stages: int, rank: int, n_chunks: int = 1) -> list[tuple]:
+def message_order(
+    name: str, n_micro: int, n_stages: int, rank: int, n_chunks: int = 1, receives_first: bool = True
+) -> list[tuple]:
     """The messages of ``rank`` in a step, in the order it posts them: [("send" or "recv", peer, Message)].
 
-    Messages are matched by the order they are posted in, not by their tag: NCCL ignores tags
-    (pytorch/pytorch#94819), the n-th send from i to j meets the n-th receive on j from i, and each
-    rank's batches of sends and receives run one after the other in the order it posted them. So two
-    ranks must post the messages between them in the same order, and no rank may post a send ahead of a
-    receive that the chain of ranks its send waits on needs first (p ranks, each sending to the next
-    before it receives from the one before, would wait for each other for ever). One order for the
-    whole step does both: the order in which ``simulate``, with its unit times, sends the messages
-    (ties: the lower rank's first); each rank posts its own messages in that order. Every rank computes
-    it from the schedules alone, so no message is needed to agree on it.
+    Messages between two ranks are matched by the order they are posted in, not by their tag (NCCL
+    ignores tags, pytorch/pytorch#94819): the n-th send from i to j meets the n-th receive on j from i.
+    So every rank posts its messages in the order in which ``simulate``, with its unit times, sends
+    them; every rank computes it from the schedules alone, so no message is needed to agree on it.
+    Each direction between two ranks then has one order on both sides (a rank sends one message at a
+    time), and no rank waits for a message that is sent after one it has still to send.
+
+    Ties, a send and a receive of this rank at the same unit time: **the receive first**. ``Mailbox``
+    posts the receives ahead up to the rank's next send; a receive ordered after a send is posted only
+    when that send is, and a message is delivered only once its receive is posted: in GPipe's
+    backward, rank s sends the gradient of B_i as rank s+1 sends that of B_(i+1), and with the send first
+    that receive is posted a backward late, each time. Gloo matches each (peer, direction) on its own,
+    which this order keeps. Where a rank's operations run one after another in the order posted (NCCL's
+    rule within one stream), two ranks that each post a receive from the other at the same time, each
+    before its send, would wait for each other: there the order needs a queue per direction (sends and
+    receives on separate streams), or ties broken the same way on both ranks (the lower rank's send
+    first), which posts those receives late: ``receives_first=False`` gives that order, for comparison.
     """
     p, v = n_stages, n_chunks
     _, end = _simulate([schedule(name, n_micro, p, r, v) for r in range(p)])
@@ -275,8 +286,10 @@ def message_order(name: str, n_micro: int, n_stages: int, rank: int, n_chunks: i
             sent.append((t, g % p, Message(i, g + 1, grad=False)))
         elif kind in "BI" and g > 0:  # a backward (or its input half) sends the input gradient back
             sent.append((t, g % p, Message(i, g - 1, grad=True)))
-    order = []
-    for _, sender, message in sorted(sent):
+    order = []  # by the time sent; at a tie, this rank's receive before its send
+    for _, _, sender, message in sorted(
+        (t, receives_first and message.to_stage % p != rank, s, message) for t, s, message in sent
+    ):
         receiver = message.to_stage % p
         if sender == rank:
             order.append(("send", receiver, message))

@@ -11,7 +11,8 @@ machine cannot answer by timing real layers get controlled parts instead:
 
 ``time_steps`` runs in every rank of a ``launch``; ``gather`` puts the ranks' results together (a step
 lasts until its slowest rank ends); ``predicted_step`` is the model: ``simulate`` with the same
-durations and latency. ``loss_gaps`` trains the pipeline and one process side by side and returns the
+durations and latency; ``posted_late`` reads from the link's records how long after its send each
+receive was posted (a message cannot arrive before its receive is posted). ``loss_gaps`` trains the pipeline and one process side by side and returns the
 per-step gap between their losses, in any dtype.
 
 Left out: real layers (see ``benchmarks/bench_pipeline.py`` for the schedules on a GPT), and
@@ -33,7 +34,8 @@ from .pipeline_parallel import Pipeline, stage_chunks
 from .pipeline_schedules import schedule, simulate
 from .pipeline_stages import SleepStage
 
-__all__ = ["time_steps", "gather", "message_seconds", "predicted_step", "quartiles", "verdict", "loss_gaps"]
+__all__ = ["time_steps", "gather", "posted_late", "message_seconds", "predicted_step", "quartiles", "verdict"]
+__all__ += ["loss_gaps"]
 
 ROWS, WIDTH = 4, 64  # one micro-batch: (ROWS, WIDTH) float32, 1 KiB per message
 
@@ -45,20 +47,26 @@ def _mse(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def time_steps(name: str, n_micro: int, t_f: float, repeats: int, n_chunks: int = 1, link=None, overlap=True):
     """On each rank: one warm-up step, then ``repeats`` timed steps of schedule ``name`` with stages of
     forward ``t_f`` seconds (a rank's ``n_chunks`` chunks share it), over ``Link(*link)`` if given.
-    Returns this rank's step ends, events of every step (seconds from the step's start) and peak."""
+    Returns this rank's step ends, events of every step (seconds from the step's start), peak, and with
+    a link, every step's posts: (direction, Message, launch time from the link's records)."""
     torch.manual_seed(0)
     chunks = [SleepStage(WIDTH, t_f / n_chunks) for _ in range(n_chunks)]  # one stage's work, cut in n_chunks
     wire = Link(*link) if link is not None else None
     pipe = Pipeline(chunks, list(range(dist.get_world_size())), _mse, lambda x: x.shape, link=wire, overlap=overlap)
     x = torch.randn(ROWS * n_micro, WIDTH)
     pipe.step(x, x, n_micro, name)  # warm-up
-    ends, events = [], []
+    ends, events, posts = [], [], []
     for _ in range(repeats):
         pipe.log.restart()  # a barrier, then time zero
+        n = len(wire.records) if wire else 0
         pipe.step(x, x, n_micro, name)
         ends.append(pipe.log.now())
         events.append(list(pipe.log.events))
-    return dict(ends=ends, events=events, peak=pipe.peak_in_flight)
+        if wire:  # the step's link records, one per operation the mailbox posted, in the same order
+            records = wire.records[n:]
+            assert [r["op"] for r in records] == [d for d, _, _ in pipe.posts], "link records and posts differ"
+            posts.append([(d, key, r["launched"]) for (d, _, key), r in zip(pipe.posts, records)])
+    return dict(ends=ends, events=events, peak=pipe.peak_in_flight, posts=posts)
 
 
 def gather(per_rank: list[dict]) -> tuple[list[float], list[list[dict]]]:
@@ -66,6 +74,16 @@ def gather(per_rank: list[dict]) -> tuple[list[float], list[list[dict]]]:
     steps = [max(ends) for ends in zip(*(r["ends"] for r in per_rank))]
     events = [[e for r in per_rank for e in r["events"][i]] for i in range(len(steps))]
     return steps, events
+
+
+def posted_late(per_rank: list[dict], repeat: int) -> dict:
+    """How long after its message was sent each receive was posted, in timed step ``repeat``: {Message:
+    seconds}, negative where the receive was posted first (``time.perf_counter``: one clock on a host)."""
+    sent, posted = {}, {}
+    for r in per_rank:
+        for direction, key, launched in r["posts"][repeat]:
+            (sent if direction == "send" else posted)[key] = launched
+    return {key: posted[key] - sent[key] for key in sent}
 
 
 def message_seconds(alpha: float, beta: float) -> float:
