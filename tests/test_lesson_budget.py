@@ -12,7 +12,6 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]*.ipynb"))
 CAPSTONE_WORDS, LESSON_WORDS, CELL_WORDS = 4_500, 3_000, 250
 NOT_YET_DISTILLED = {
-    "02_position_encodings",
     "19_peft",
     "20_long_sequences",
     "21_mixture_of_experts",
