@@ -279,7 +279,32 @@ def test_step_time_parts_add_up_and_the_bubble_follows_the_schedule():
     slot = (t["compute"] + t["tp"] + t["cp"] + t["ep"] + t["pp"]) / m
     assert t["bubble"] == pytest.approx(11 * slot)  # (p - 1) slots: bubble (p-1)/(m+p-1) of the pipeline
     interleaved = step_time(cfg, Layout(dp=2, tp=8, pp=12, micro_batch=1, virtual=2), batch, c)
-    assert interleaved["bubble"] == pytest.approx(t["bubble"] / 2)
+    slot2 = (interleaved["compute"] + interleaved["tp"] + interleaved["cp"] + interleaved["ep"] + interleaved["pp"]) / m
+    assert interleaved["bubble"] == pytest.approx(11 / 2 * slot2)  # (p - 1) / v slots
+
+
+def test_interleaving_multiplies_the_pipeline_sends_by_v():
+    """Narayanan et al. 2021 §2.2.2: with v chunks a micro-batch crosses v times as many stage boundaries."""
+    cfg, batch, c = MODELS["gpt3-175b"], Batch(1536, 2048), cluster("dgx-a100", nodes=24)
+    plain = step_time(cfg, Layout(dp=2, tp=8, pp=12), batch, c)
+    for v in (2, 4):
+        assert step_time(cfg, Layout(dp=2, tp=8, pp=12, virtual=v), batch, c)["pp"] == pytest.approx(v * plain["pp"])
+
+
+def test_the_last_stage_keeps_the_loss_state_of_every_micro_batch_in_flight():
+    """Interleaved with m = p, the last stage runs all m forwards before a backward: each keeps its fp32 logits
+    copy and its final norm's values (Llama 3 405B: 15 more micro-batches' worth than plain 1F1B)."""
+    cfg, batch, lay = MODELS["llama3-405b"], Batch(2048, 8192), Layout(dp=128, tp=8, pp=16, zero=2)
+    last = lay.pp - 1
+    plain = memory_per_rank(cfg, lay, batch, stage=last)["logits"]
+    tokens, h, vocab = 8192, cfg.d_model, cfg.vocab_size
+    kept = tokens * vocab / 8 * 4 + 2 * 2 * tokens * h / 8  # the fp32 copy and the final norm's in and out
+    assert plain == pytest.approx(tokens * vocab / 8 * 2 + kept)
+    for v in (2, 8):
+        logits = memory_per_rank(cfg, replace(lay, virtual=v), batch, stage=last)["logits"]
+        assert logits == pytest.approx(plain + 15 * kept)
+    with pytest.raises(ValueError, match="stage"):
+        memory_per_rank(cfg, lay, batch, stage=3)
 
 
 def test_a_slow_inter_node_link_makes_cross_node_communication_dearer():

@@ -21,7 +21,9 @@ stage, activation recomputation, a micro-batch size and optimizer offload. For a
                  Korthikanti et al. 2022 §4.2.3; never more than the m there are)   (lessons 06, 09, 13)
     logits       b (s/cp) V / t values, bf16 and an fp32 copy for the loss, on the last stage, and the
                  final norm's input and output, 2 b (s/cp) h values (fp32 training: 4-byte values, 4 + 4 + 8
-                 bytes of states per parameter, no dropout masks unless the model has dropout)
+                 bytes of states per parameter, no dropout masks unless the model has dropout); the fp32
+                 copy and the final norm's values are kept for backward by every micro-batch the last
+                 chunk holds in flight (all m when an interleaved schedule runs every forward first)
     working      backward's gradients of one layer's intermediates (one micro-batch) on a stage without
                  the logits; ZeRO-3's gathered unit (weights and gradient of a layer)
     ZeRO-1       holds the full gradient until the step: in full while micro-batches accumulate (m > 1);
@@ -214,9 +216,15 @@ def _activations_per_layer(
 
 
 def memory_per_rank(
-    cfg: TransformerConfig, layout: Layout, batch: Batch, *, flash: bool = True, precision: str = "bf16"
+    cfg: TransformerConfig,
+    layout: Layout,
+    batch: Batch,
+    *,
+    flash: bool = True,
+    precision: str = "bf16",
+    stage: int | None = None,
 ) -> dict[str, float]:
-    """Bytes on the busiest rank, by category. With a pipeline the first and the last stage are costed (their
+    """Bytes on the busiest rank, by category (``stage``: 0 or pp - 1, that end stage's rank instead). With a pipeline the first and the last stage are costed (their
     parameters, the micro-batches they hold in flight, the logits on the last) and the larger total is returned:
     a middle stage holds the same ceil(L / pp) layers as the first, without the embedding, and no more
     micro-batches in flight, so it never needs more than the first (``tests/test_planner.py`` checks it).
@@ -225,8 +233,10 @@ def memory_per_rank(
     4-byte activations)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if stage not in (None, 0, layout.pp - 1):
+        raise ValueError(f"stage must be None, 0 or pp - 1 = {layout.pp - 1} (an end stage), got stage={stage!r}")
     stages = [_stage_memory(cfg, layout, batch, i, flash, precision) for i in sorted({0, layout.pp - 1})]
-    return max(stages, key=lambda m: sum(m.values()))
+    return max(stages, key=lambda m: sum(m.values())) if stage is None else stages[-1 if stage else 0]
 
 
 def in_flight(layout: Layout, micro_batches: int, stage: int) -> float:
@@ -266,7 +276,10 @@ def _stage_memory(
         # the final norm's input and output (2 sbh values, split by tp only under SP), which feed the head
         tokens = layout.micro_batch * batch.seq_len / layout.cp
         final_norm = 2 * v * tokens * cfg.d_model / (layout.tp if layout.sequence_parallel else 1)
-        logits = tokens * cfg.vocab_size / layout.tp * (v + 4) + final_norm
+        # the logits themselves live for one micro-batch; the rest, for each the last chunk holds in flight:
+        # one in 1F1B, all m when an interleaved schedule runs every forward first (m = pp, ``in_flight``)
+        kept = m if layout.virtual > 1 and m == layout.pp else 1
+        logits = tokens * cfg.vocab_size / layout.tp * (v + 4 * kept) + final_norm * kept
     if layout.zero == 1 and m == 1:
         # ZeRO-1 keeps the full gradient until the step reduce-scatters it into the shard, then frees it (ours
         # and DeepSpeed's). With one micro-batch it does not exist yet at the end of forward, where the

@@ -184,8 +184,9 @@ def _context_parallel(cfg: TransformerConfig, layout: Layout, batch: Batch, clus
 
 
 def _sends(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluster) -> tuple[float, float]:
-    """Per micro-batch: EP's 4 all-to-alls a layer of top_k copies of b s h values, and the pipeline's two sends
-    of b s h / tp values (one each way)."""
+    """Per micro-batch: EP's 4 all-to-alls a layer of top_k copies of b s h values, and the pipeline's sends of
+    b s h / tp values, one each way per model chunk: with v chunks a micro-batch crosses v times as many stage
+    boundaries (Narayanan et al. 2021 §2.2.2: "the amount of communication also increases by v")."""
     v = BF16 if cluster.precision == "bf16" else 4
     s, b, h = batch.seq_len / layout.cp, layout.micro_batch, cfg.d_model
     activation_bytes = v * b * s * h
@@ -199,7 +200,8 @@ def _sends(cfg: TransformerConfig, layout: Layout, batch: Batch, cluster: Cluste
         )
     stride = layout.tp * layout.cp * (layout.dp if cluster.gpus_per_node > layout.tp * layout.cp else 1)
     pp_link = cluster.intra if layout.pp == 1 else cluster.link(layout.pp, stride=stride, rings=False)
-    p2p = 2 * collective_time("send", activation_bytes / layout.tp, 2, pp_link) if layout.pp > 1 else 0.0
+    sends = 2 * layout.virtual  # one each way per chunk
+    p2p = sends * collective_time("send", activation_bytes / layout.tp, 2, pp_link) if layout.pp > 1 else 0.0
     return ep, p2p
 
 
