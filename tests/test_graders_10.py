@@ -19,19 +19,24 @@ def _swap(send, recv, peer, to=None):
         work.wait()
 
 
-def hand_ring(x, gather_from=0):
-    """A ring from isend/irecv; ``gather_from=1`` is the lesson's buggy starter (the all-gather starts one chunk early)."""
+def hand_ring(x, gather_from=0, library_gather=False):
+    """The lesson's ring, sending left as gloo's does. ``gather_from=1`` is its buggy starter (the all-gather takes
+    the reduce-scatter's indices, one chunk ahead); ``library_gather`` pastes in the all-gather indices of
+    ``ring_all_reduce``'s listing, which sends right: neither is the fix."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    right, left = (rank + 1) % n, (rank - 1) % n
+    left, right = (rank - 1) % n, (rank + 1) % n
     chunks = list(x.clone().view(-1).tensor_split(n))
-    for step in range(n - 1):  # reduce-scatter: afterwards chunk rank + 1 is complete here
-        send, into = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+    for step in range(n - 1):  # reduce-scatter: afterwards chunk `rank` is complete here
+        send, into = chunks[(rank + step + 1) % n], chunks[(rank + step + 2) % n]
         incoming = torch.empty_like(into)
-        _swap(send, incoming, left, to=right)
+        _swap(send, incoming, right, to=left)
         into += incoming
     for step in range(n - 1):  # all-gather, starting from the complete chunk
-        send, into = chunks[(rank + 1 - gather_from - step) % n], chunks[(rank - gather_from - step) % n]
-        _swap(send, into, left, to=right)
+        if library_gather:
+            sent, got = rank - step, rank - step - 1
+        else:
+            sent, got = rank + gather_from + step, rank + gather_from + step + 1
+        _swap(chunks[sent % n], chunks[got % n], right, to=left)
     return torch.cat(chunks).view_as(x)
 
 
@@ -97,6 +102,8 @@ def test_ring_grader_passes_rings_and_fails_a_wrong_sum():
     assert check_ring_all_reduce(hand_ring)
     buggy = check_ring_all_reduce(lambda x: hand_ring(x, gather_from=1))
     assert not buggy and "tensor of shape" in buggy.failure, buggy.failure
+    # the listing's all-gather indices in a ring that sends left: wrong chunks meet (wrong sums, or sizes gloo rejects)
+    assert not check_ring_all_reduce(lambda x: hand_ring(x, library_gather=True))
 
 
 def test_ring_grader_fails_the_right_sum_reached_without_a_ring():

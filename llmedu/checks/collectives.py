@@ -194,7 +194,7 @@ def check_ring_all_reduce(ring_all_reduce: Callable[[torch.Tensor], torch.Tensor
 
     Float sums in another order differ by a few ulps: atol=1e-5 on values of size ~1. The method: no
     torch.distributed collective; on the tensor of 1001 elements each rank sends ``2 (N - 1) / N`` of the
-    tensor's bytes point to point (within 10%), all of it to one neighbour.
+    tensor's bytes point to point (within 10%), all of it to one neighbour (either way round the ring).
     """
 
     def one_neighbour(g, case, rank, seen):
@@ -202,7 +202,7 @@ def check_ring_all_reduce(ring_all_reduce: Callable[[torch.Tensor], torch.Tensor
         g.expect(
             f"{case}: sends to one neighbour only",
             len(peers) == 1,
-            f"it sent to ranks {peers}: in a ring each rank passes chunks to its right neighbour only",
+            f"it sent to ranks {peers}: in a ring each rank passes chunks to one neighbour only (left or right)",
         )
 
     shapes = [(1,), (5,), (_TRAFFIC_NUMEL,), (4, 3)]
