@@ -99,8 +99,8 @@ def _interleaved(m: int, p: int, r: int, v: int) -> list[Action]:
 
     total = m * v
     # forwards before the first backward (Megatron-LM's count): p forwards for each of the v-1 later
-    # chunks, and for chunk 0 two per later rank, not one: the slack lets a late message wait in a
-    # queue instead of stalling this rank; with free communication the bubble is the same either way
+    # chunks, and for chunk 0 two per later rank, not one (Megatron gives no reason; our reading: a late
+    # message can then wait in a queue instead of stalling this rank); free communication: the same bubble
     warmup = min(2 * (p - r - 1) + (v - 1) * p, total)
     actions = [nth(k, False) for k in range(warmup)]
     for k in range(total - warmup):

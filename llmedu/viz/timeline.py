@@ -23,6 +23,7 @@ _COLOURS = {
     "backward": "#55A868",
     "weight": "#64B5CD",  # a pipeline's weight-gradient pass (ZB-H1's W)
     "recv": "#CCCCCC",  # waiting for a neighbour's activation or gradient
+    "send": "#937860",  # a blocking send: the rank waits until its message has left
     "optimizer": "#8172B2",
     "all-reduce": "#DD8452",
     "gather": "#C44E52",
