@@ -1,9 +1,59 @@
-"""Lesson 04's new grader: the inverse of the decoding bytes model. A right answer passes; plausible wrong values
-and right values computed the wrong way (a search that stops early) fail."""
+"""Lesson 04's graders: the sliding-window causal mask and the inverse of the decoding bytes model. A right answer
+passes; plausible wrong values and right values computed the wrong way (the library's mask, a search that stops
+early) fail."""
 
 import math
 
-from llmedu.checks.attention_variants import check_decode_batch, decode_speedup
+import torch
+
+from llmedu.checks.attention_variants import check_decode_batch, check_window_mask, decode_speedup
+from llmedu.nn.attention import causal_mask
+
+
+def mask_by_positions(t_q, t_k, window):
+    pos = torch.arange(t_q)[:, None] + (t_k - t_q)  # (t_q, 1): each query's position among the keys
+    j = torch.arange(t_k)[None, :]  # (1, t_k)
+    return (j <= pos) & (j > pos - window)
+
+
+def test_window_mask_right_answers_pass():
+    assert check_window_mask(mask_by_positions)
+    # a band of tril/triu is a right method too
+    assert check_window_mask(
+        lambda q, k, w: (
+            torch.ones(q, k, dtype=torch.bool).tril(k - q) & torch.ones(q, k, dtype=torch.bool).triu(k - q - w + 1)
+        )
+    )
+
+
+def test_window_mask_wrong_values_fail(capsys):
+    assert not check_window_mask(lambda q, k, w: mask_by_positions(q, k, k + q))  # the plain causal mask, no window
+    assert "plain causal mask" in capsys.readouterr().out
+    assert not check_window_mask(lambda q, k, w: mask_by_positions(q, k, w + 1))  # the window off by one
+    assert "own key" in capsys.readouterr().out
+    top_left = lambda q, k, w: (
+        (torch.arange(k)[None] <= torch.arange(q)[:, None])
+        & (  # noqa: E731
+            torch.arange(k)[None] > torch.arange(q)[:, None] - w
+        )
+    )
+    assert not check_window_mask(top_left)
+    assert "top-left" in capsys.readouterr().out
+    assert not check_window_mask(lambda q, k, w: mask_by_positions(q, k, w).int())  # not a bool tensor
+
+
+def test_window_mask_library_call_or_copied_function_fails(capsys):
+    # the right value, but the causal part asked of the library
+    def via_library(t_q, t_k, window):
+        return causal_mask(t_q, t_k) & mask_by_positions(t_q, t_k, window)
+
+    assert all(torch.equal(via_library(*c), mask_by_positions(*c)) for c in [(3, 7, 4), (5, 5, 8)])
+    assert not check_window_mask(via_library)
+    assert "causal_mask" in capsys.readouterr().out
+    # the function printed in the lesson, copied: no window
+    assert not check_window_mask(lambda q, k, w: causal_mask(q, k))
+    copied = lambda q, k, w: torch.arange(k)[None, :] <= torch.arange(q)[:, None] + (k - q)  # noqa: E731
+    assert not check_window_mask(copied)
 
 
 def closed_form(w, c, heads, kv_heads, target):

@@ -1,5 +1,10 @@
 """Graders for lesson 04 (attention variants) that ask for more than the formula on the page.
 
+    check_window_mask(fn)    fn(t_q, t_k, window) -> (t_q, t_k) bool: the causal mask of the lesson (the last
+                             query is the last key's position) restricted to a sliding window, each query seeing
+                             only the ``window`` most recent keys up to and including its own position (Mistral 7B,
+                             sec. 2; Longformer's local attention). Fails the plain causal mask, a window of
+                             ``window + 1`` keys, a top-left alignment, and any call into ``llmedu.nn``
     check_decode_batch(fn)   fn(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads, target) -> the smallest
                              batch (an int) at which a memory-bound decoding step of the model with
                              ``n_kv_heads`` key/value heads is ``target`` times faster than with MHA, or None
@@ -14,10 +19,51 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 
-from .core import CheckResult, Grader
+import torch
 
-__all__ = ["check_decode_batch", "decode_speedup"]
+from .core import CheckResult, Grader, call_watching
+
+__all__ = ["check_window_mask", "check_decode_batch", "decode_speedup"]
+
+_NN = Path(__file__).resolve().parent.parent / "nn"  # llmedu/nn/
+
+
+def window_mask(t_q: int, t_k: int, window: int, shift: int | None = None) -> torch.Tensor:
+    """(t_q, t_k) bool: query i sits at position p = i + shift (bottom-right: shift = t_k - t_q) and sees the keys
+    j with p - window < j <= p."""
+    p = torch.arange(t_q)[:, None] + (t_k - t_q if shift is None else shift)  # (t_q, 1)
+    j = torch.arange(t_k)[None, :]  # (1, t_k)
+    return (j <= p) & (j > p - window)
+
+
+_MASK_CASES = ((4, 4, 2), (1, 6, 3), (3, 7, 4), (2, 9, 3), (5, 5, 8), (6, 6, 1))
+
+
+def check_window_mask(fn) -> CheckResult:
+    g = Grader("check_window_mask")
+    for t_q, t_k, w in _MASK_CASES:
+        name = f"{t_q} queries, {t_k} keys, window {w}"
+        expected = window_mask(t_q, t_k, w)
+        got, called = call_watching(g, fn, (t_q, t_k, w), _NN)
+        if called is not None:
+            g.expect(name, False, f"your function calls the library's {called}: build the mask from positions yourself")
+            continue
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.bool or tuple(got.shape) != (t_q, t_k):
+            g.expect(name, False, f"got {got!r}: return a bool tensor of shape ({t_q}, {t_k})")
+            continue
+        hints = [
+            (window_mask(t_q, t_k, t_k + t_q), "that is the plain causal mask: each query sees only `window` keys"),
+            (window_mask(t_q, t_k, w + 1), f"each query sees {w + 1} keys: the window counts the query's own key"),
+            (window_mask(t_q, t_k, w, shift=0), "aligned top-left: the last query sits at the last key's position"),
+        ]
+        for wrong, why in hints:
+            if not torch.equal(wrong, expected) and torch.equal(got, wrong):
+                g.expect(name, False, why)
+                break
+        g.compare(name, got, expected)
+    return g.result()
 
 
 def decode_speedup(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads, batch) -> float:
