@@ -7,10 +7,10 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
-from llmedu.checks.accumulation import check_fixed_checkpoint
+from llmedu.checks.accumulation import check_frozen_input_checkpoint
 from llmedu.checks.train import check_best_segment, check_recompute_flops, check_token_weights
 from llmedu.models import CausalLM, TransformerConfig
-from llmedu.train.recompute import checkpoint
+from llmedu.train.recompute import Recompute, checkpoint
 from llmedu.train.selective import recompute_core, saved_bytes, undo_recompute_core
 
 
@@ -41,7 +41,7 @@ def test_best_segment():
             k -= 1
         return k, L / k + c * k
 
-    assert step_down(16, 34.0) == _best(16, 34.0)  # right on the lesson's model ...
+    assert step_down(16, 34.56) == _best(16, 34.56)  # right on the lesson's model ...
     assert not check_best_segment(step_down)  # ... wrong where the divisors are far apart (26 blocks, c = 0.5)
 
 
@@ -74,8 +74,8 @@ def test_recompute_flops():
     )
 
 
-# -- exercise 4: the checkpoint that replays dropout ---------------------------------------------------
-class _Buggy(torch.autograd.Function):  # the lesson's BuggyCheckpoint: new dropout masks in backward
+# -- exercise 4: the checkpoint whose input is frozen ---------------------------------------------------
+class _Checkpoint(torch.autograd.Function):  # the lesson's Checkpoint: no output graph when x needs no grad
     @staticmethod
     def forward(ctx, f, x):
         ctx.f = f
@@ -92,31 +92,43 @@ class _Buggy(torch.autograd.Function):  # the lesson's BuggyCheckpoint: new drop
         return None, x.grad
 
 
-class _Fixed(_Buggy):  # the random state of the forward, replayed inside fork_rng
+def _fixed(f, x):  # what enable_input_require_grads does: an input that requires grad gives the output a graph
+    return _Checkpoint.apply(f, x if x.requires_grad else x.detach().requires_grad_(True))
+
+
+class _ParametersAsInputs(torch.autograd.Function):  # the other fix: f's parameters are inputs of the Function
     @staticmethod
-    def forward(ctx, f, x):
-        ctx.rng = torch.get_rng_state()
-        return _Buggy.forward(ctx, f, x)
+    def forward(ctx, f, x, *params):
+        return _Checkpoint.forward(ctx, f, x)
 
     @staticmethod
     def backward(ctx, grad_out):
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(ctx.rng)
-            return _Buggy.backward(ctx, grad_out)
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        params = list(ctx.f.parameters())
+        with torch.enable_grad():
+            grads = torch.autograd.grad(ctx.f(x), [x, *params], grad_out)
+        return None, *grads
 
 
-def test_fixed_checkpoint(capsys):
-    assert check_fixed_checkpoint(_Fixed.apply)
+def test_frozen_input_checkpoint(capsys):
+    assert check_frozen_input_checkpoint(_fixed)
+    assert check_frozen_input_checkpoint(lambda f, x: _ParametersAsInputs.apply(f, x, *f.parameters()))
     capsys.readouterr()
-    assert not check_fixed_checkpoint(_Buggy.apply)  # the bug itself
-    assert "other dropout masks" in capsys.readouterr().out
-    # right gradients, reached by calling a library's checkpoint instead of writing the replay
-    assert not check_fixed_checkpoint(lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False))
+    assert not check_frozen_input_checkpoint(_Checkpoint.apply)  # the bug itself
+    assert "got no gradient" in capsys.readouterr().out
+    # right gradients, reached by calling a library's checkpoint instead of writing the fix
+    assert not check_frozen_input_checkpoint(lambda f, x: torch_checkpoint.checkpoint(f, x, use_reentrant=False))
     assert "torch.utils.checkpoint" in capsys.readouterr().out
-    assert not check_fixed_checkpoint(lambda f, x: checkpoint(f, x))
+    assert not check_frozen_input_checkpoint(lambda f, x: Recompute.apply(f, x))  # the library's Recompute
     assert "llmedu.train.recompute" in capsys.readouterr().out
-    assert not check_fixed_checkpoint(lambda f, x: f(x))  # no checkpoint: saves every activation
+    assert not check_frozen_input_checkpoint(lambda f, x: checkpoint(f, x))  # the library's checkpoint refuses x
+    assert "needs at least" in capsys.readouterr().out
+    assert not check_frozen_input_checkpoint(lambda f, x: f(x))  # no checkpoint: saves every activation
     assert "keep only x" in capsys.readouterr().out
+    # the fix applied to the frozen case only, its gradient of x dropped: fails the input that requires grad
+    assert not check_frozen_input_checkpoint(lambda f, x: _Checkpoint.apply(f, x.detach().requires_grad_(True)))
+    assert "gradient of x" in capsys.readouterr().out
 
 
 # -- the library the lesson counts with ---------------------------------------------------------------

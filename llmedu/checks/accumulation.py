@@ -1,15 +1,14 @@
 """Lesson 09's graders that enforce the method (the others are in ``llmedu.checks.train``).
 
-check_fixed_checkpoint(fn)    fn(f, x) -> f(x) checkpointed by the learner's own code, f with dropout: everything
-                              ``check_checkpoint_rng`` asks (the gradients of f itself, the caller's random stream
-                              left where f leaves it, only x saved), and no call to a library's checkpoint
-                              (``torch.utils.checkpoint``, ``llmedu.train.recompute``): the exercise is the replay
+check_frozen_input_checkpoint(fn)   fn(f, x) -> f(x) checkpointed by the learner's own code, such that f's
+                                    parameters get their gradients also when x does not require grad (the output
+                                    of frozen embeddings, as in parameter-efficient fine-tuning), equal to those
+                                    of no checkpoint; only x saved; no call to a library's checkpoint
+                                    (``torch.utils.checkpoint``, ``llmedu.train.recompute``): the exercise is the fix
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from torch import nn
 import llmedu.train.recompute as our_recompute
 import llmedu.train.selective as our_selective
 from llmedu.checks.core import FAILED, CheckResult, Grader
-from llmedu.checks.train import check_checkpoint_rng
+from llmedu.checks.train import _expect_only_x_saved
 
-__all__ = ["check_fixed_checkpoint", "library_checkpoint_called"]
+__all__ = ["check_frozen_input_checkpoint", "library_checkpoint_called"]
 
 _LIBRARY_CHECKPOINTS = {
     str(Path(torch_checkpoint.__file__)): "torch.utils.checkpoint",
@@ -52,28 +51,51 @@ def library_checkpoint_called(fn, *args) -> tuple[object, str | None]:
     return out, (called[0] if called else None)
 
 
-def check_fixed_checkpoint(fn) -> CheckResult:
-    """``fn(f, x)``: a checkpoint with dropout replayed, written without a library's checkpoint."""
-    g = Grader("check_fixed_checkpoint")
+def check_frozen_input_checkpoint(fn) -> CheckResult:
+    """``fn(f, x)``: a checkpoint of f whose parameters get their gradients whether or not x requires grad."""
+    g = Grader("check_frozen_input_checkpoint")
     torch.manual_seed(0)
-    f = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 4)).train()
-    x = torch.randn(3, 4, requires_grad=True)
-    got = g.call(library_checkpoint_called, fn, f, x)
+    embed = nn.Embedding(32, 16).requires_grad_(False)  # frozen, as under parameter-efficient fine-tuning
+    f = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))  # the checkpointed, trainable segment
+    head = nn.Linear(16, 4)  # trainable after it: the loss has a graph, whatever the checkpoint returns
+    ids = torch.randint(0, 32, (8,), generator=torch.Generator().manual_seed(1))  # (B,)
+    got = g.call(library_checkpoint_called, fn, f, embed(ids))
     if got is FAILED:
         return g.result()
-    _, library = got
     g.expect(
         "your checkpoint is your own",
-        library is None,
-        f"your function called {library}: the exercise is to write the replay yourself (start from BuggyCheckpoint)",
+        got[1] is None,
+        f"your function called {got[1]}: the exercise is to write the fix yourself (start from Checkpoint)",
     )
-    if g.failure is None:
-        quiet = io.StringIO()
-        with contextlib.redirect_stdout(quiet):  # one verdict is printed: this grader's
-            inner = check_checkpoint_rng(fn)
+    for frozen in (True, False):
+        case = "an input that does not require grad (frozen embeddings)" if frozen else "an input that requires grad"
+
+        def run(use_fn: bool):
+            for p in (*f.parameters(), *head.parameters()):
+                p.grad = None
+            x = embed(ids) if frozen else embed(ids).requires_grad_(True)  # (B, d)
+            saved = []  # bytes of every tensor autograd saves for backward during the call
+            with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append(t.untyped_storage().nbytes()) or t, lambda t: t
+            ):
+                out = g.call(fn, f, x) if use_fn else f(x)
+            if isinstance(out, torch.Tensor) and out.shape == (8, 16):
+                g.call(lambda: head(out).pow(2).sum().backward())
+            return x, out, [p.grad for p in f.parameters()], saved
+
+        _, ref_out, ref_grads, ref_saved = run(False)
+        x, out, grads, saved = run(True)
+        if g.failure is not None:
+            break
+        g.compare(f"{case}: the output f(x)", out, ref_out, atol=1e-6)
         g.expect(
-            "gradients, random stream and saved tensors, as check_checkpoint_rng grades them",
-            inner.passed,
-            inner.failure or "",
+            f"{case}: f's parameters have gradients",
+            all(isinstance(t, torch.Tensor) for t in grads),
+            "the loss went backward, yet f's parameters got no gradient: nothing links your output to them",
         )
+        g.compare(f"{case}: the gradients of f's parameters", grads, ref_grads, atol=1e-6)
+        if not frozen:
+            reference = torch.autograd.functional.vjp(lambda t: head(f(t)).pow(2).sum(), x.detach())[1]
+            g.compare(f"{case}: the gradient of x", x.grad, reference, atol=1e-6)
+        _expect_only_x_saved(g, saved, ref_saved, x.detach())
     return g.result()
