@@ -16,8 +16,10 @@ management") asks the driver for *segments* and cuts them into *blocks*:
 
 ``allocate`` replays a sequence of allocations under these rules. What it leaves out: frees and the reuse of
 freed blocks (so fragmentation, which depends on the order of frees), streams, ``PYTORCH_CUDA_ALLOC_CONF``
-options (``max_split_size_mb``, ``roundup_power2_divisions``, expandable segments), and memory that neither
-counter includes: the CUDA context and the libraries' workspaces (cuBLAS, cuDNN).
+options (``max_split_size_mb``, ``roundup_power2_divisions``, expandable segments), memory that neither
+counter includes (the CUDA context and the kernels' code), and the libraries' workspaces, which ATen takes from
+this same allocator: cuBLAS's (``CublasHandlePool.cpp``, ``getNewWorkspace``) stays allocated, one per handle
+and stream (pytorch/pytorch#95668), and cuDNN's, so both show in ``memory_reserved`` and ``memory_allocated``.
 """
 
 from __future__ import annotations

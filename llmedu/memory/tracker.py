@@ -29,8 +29,10 @@ How it sees the bytes, with nothing but public PyTorch:
 The timeline has one sample after every op: live bytes by category right after the op's outputs
 exist, which is when a new peak can occur.
 
-What it leaves out: memory allocated inside a kernel and freed before it returns (workspaces,
-cuBLAS handles) or never seen by the dispatcher (the 8-byte scalar autograd saves for ``x / 2.0``),
+What it leaves out: memory allocated inside a kernel and freed before it returns (cuDNN's
+workspaces), memory a library keeps for as long as its handle lives (cuBLAS's workspace, one per handle and
+stream, taken from the caching allocator: it shows in ``memory_allocated`` but not here) or never seen by the
+dispatcher (the 8-byte scalar autograd saves for ``x / 2.0``),
 the CUDA allocator's cached-but-free blocks (we count what ``memory_allocated`` counts: sizes
 rounded up to 512 bytes on CUDA), storages resized in place (``UntypedStorage.resize_``), and
 tensors created before the ``with`` that are neither parameters, gradients nor optimizer state:
