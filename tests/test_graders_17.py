@@ -284,9 +284,18 @@ def all_key_tiles_batched(q, k, v, block):  # keys as (n, block, D) tiles, one b
     return torch.cat(outs, 2)
 
 
+def two_passes_over_packed_kv(q, k, v, block, pack=torch.cat):  # k and v packed into one tensor, then two passes
+    kv = pack([k, v], -1) if pack is torch.cat else pack([k, v])  # (B, H, Tk, 2D) or (2, B, H, Tk, D)
+    D = q.shape[-1]
+    k, v = (kv[..., :D], kv[..., D:]) if pack is torch.cat else (kv[0], kv[1])  # views of the packed tensor
+    return two_passes_over_keys(q, k, v, block)
+
+
 @pytest.mark.parametrize(
     "wrong, message",
     [
+        (two_passes_over_packed_kv, "a second pass over the keys"),
+        (lambda q, k, v, b: two_passes_over_packed_kv(q, k, v, b, pack=torch.stack), "a second pass over the keys"),
         (kept_score_tiles, "each value tile before the next key tile"),
         (lambda q, k, v, b: kept_score_tiles(q, k, v, b, copy_values=True), "each value tile before the next key"),
         (all_key_tiles_batched, "rows of q, k or v per op"),

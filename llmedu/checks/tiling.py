@@ -6,8 +6,9 @@ check_tiled_attention(fn)    fn(q, k, v, block) -> softmax(q k^T / sqrt(D)) v, t
 Both grade the method as well as the value. Every ATen op the function runs is recorded
 (``torch.utils._python_dispatch.TorchDispatchMode``): the shapes it reads and makes, the elements a reduction
 folds into each result, and which elements of the inputs (x; q, k and v) it reads, found from the storage
-offsets of its arguments. A copy, a cast, a padding or a concatenation of an input or of a slice of it, and an
-elementwise op of a whole input, are followed: what they make holds those elements, and reading it reads them.
+offsets of its arguments. A copy, a cast, a padding, a concatenation or a stack of inputs or of slices of them
+(k and v packed together too), and an elementwise op of a whole input, are followed: what they make holds those
+elements, each tagged with its input, and reading it reads them.
 A one-pass answer reads each row's blocks (each query tile's key tiles) in order, and reads value tile j before
 key tile j + 1. The docstrings say which ops, shapes and read orders fail. Not seen: values carried out of a
 slice by arithmetic (``x_j * 1.0`` kept for later) or out of tensors (``.tolist()``).
@@ -32,7 +33,7 @@ _REDUCTIONS = {"amax", "amin", "max", "min", "sum", "mean", "prod", "nansum", "a
 _REDUCTIONS |= {"norm", "linalg_vector_norm", "all", "any", "var", "std", "median", "aminmax", "sort", "topk"}
 _SCANS = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
 # ops that only move or copy data: they may touch the whole input (a clone, padding to a multiple of the block)
-_COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.constant_pad_nd", "aten.cat", "aten.detach")
+_COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.constant_pad_nd", "aten.cat", "aten.stack", "aten.detach")
 # ops that only allocate (empty_like(q) reads q's shape, not its values)
 _ALLOCS = ("aten.empty", "aten.zeros", "aten.ones", "aten.full", "aten.new_", "aten.fill", "aten.zero_")
 _ALLOCS += ("aten.scalar_tensor", "aten.lift_fresh", "aten.arange")
@@ -59,41 +60,41 @@ class _OpRecorder(TorchDispatchMode):
     def __init__(self, sources: dict):
         super().__init__()
         self.calls: list[_Call] = []
-        self.tracked: dict[int, tuple] = {}  # storage address -> (name, element ids held, tensors kept alive)
+        self.tracked: dict[int, tuple] = {}  # storage address -> (element ids held, tensors kept alive)
         self.geometry = {name: (t.shape[axis], t.stride(axis)) for name, (t, axis) in sources.items()}
-        self.numel = {name: t.numel() for name, (t, _) in sources.items()}
+        self.ranges, first = {}, 0  # each source's elements get ids of their own: first, first + 1, ...
         for name, (t, _) in sources.items():
-            self._track(name, t, torch.arange(t.numel(), dtype=torch.float64).view(t.shape))
+            self.ranges[name], first = (first, t.numel()), first + t.numel()
+            self._track(t, torch.arange(first - t.numel(), first, dtype=torch.float64).view(t.shape))
 
-    def _track(self, name: str, t: torch.Tensor, ids: torch.Tensor) -> None:
-        """Mark ``t``'s elements as holding the source elements ``ids`` (kept alive: no other tensor takes
-        the address)."""
+    def _track(self, t: torch.Tensor, ids: torch.Tensor) -> None:
+        """Mark ``t``'s elements as holding the source elements ``ids`` (kept alive: its address stays its own)."""
         key = t.untyped_storage().data_ptr()
-        if self.tracked.get(key, (name,))[0] != name:  # it held another source: it holds this one now
-            del self.tracked[key]
         if key not in self.tracked:
-            store = torch.full((t.untyped_storage().nbytes() // t.element_size(),), -1.0, dtype=torch.float64)
-            self.tracked[key] = (name, store, [])
-        _, store, alive = self.tracked[key]
+            self.tracked[key] = (torch.full((t.untyped_storage().nbytes() // t.element_size(),), -1.0).double(), [])
+        store, alive = self.tracked[key]
         store.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(ids.expand(t.shape))
         alive.append(t)
 
-    def _ids(self, t) -> tuple | None:
-        """(source name, the source element each element of ``t`` holds, -1 for none), or None."""
+    def _ids(self, t) -> torch.Tensor | None:
+        """The source element each element of ``t`` holds (-1 for none), or None."""
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.untyped_storage().data_ptr() == 0:
             return None
         found = self.tracked.get(t.untyped_storage().data_ptr())
-        if found is None:
-            return None
         try:
-            return found[0], found[1].as_strided(t.shape, t.stride(), t.storage_offset())
+            return None if found is None else found[0].as_strided(t.shape, t.stride(), t.storage_offset())
         except RuntimeError:  # a view in another dtype: not followed
             return None
+
+    def _split(self, ids: torch.Tensor) -> dict:
+        """{source name: its own element ids} of the ids held, for the sources held."""
+        parts = {name: ids[(ids >= first) & (ids < first + n)] - first for name, (first, n) in self.ranges.items()}
+        return {name: part for name, part in parts.items() if part.numel()}
 
     def _positions(self, name: str, ids: torch.Tensor) -> dict:
         """{group: (the first position read, how many positions)} of the source elements ``ids``."""
         size, stride = self.geometry[name]
-        e = ids[ids >= 0].long()
+        e = ids.long()
         group, position = e // (size * stride), (e // stride) % size
         mine = [position[group == g] for g in group.unique().tolist()]
         return {g: (int(p.min()), p.unique().numel()) for g, p in zip(group.unique().tolist(), mine)}
@@ -108,43 +109,41 @@ class _OpRecorder(TorchDispatchMode):
         folded = math.prod(ins[0]) // max(1, math.prod(outs[0].shape)) if name in _REDUCTIONS and ins and outs else 1
         if name in _SCANS and ins and ins[0]:
             folded = ins[0][args[1] if len(args) > 1 else kwargs["dim"]]
-        sourced = [(t, found) for t in leaves if (found := self._ids(t)) is not None]
+        sourced = [(t, ids) for t in leaves if (ids := self._ids(t)) is not None]
         reads = []
         if op.startswith(("aten.copy_", "aten.fill_", "aten.zero_")):  # the destination is written, not read
-            sourced = [(t, found) for t, found in sourced if t is not args[0]]
-            if (found := self._ids(args[0])) is not None:
-                found[1].fill_(-1.0)  # it holds no source now; a copy_ of one marks it again below
-        if not func.is_view and not op.startswith(_ALLOCS):
-            held = {src: [] for _, (src, _) in sourced}  # one read per source: the elements of all its inputs
-            for _, (src, ids) in sourced:
-                held[src].append(ids.flatten())
-            reads = [(src, self._positions(src, torch.cat(ids))) for src, ids in held.items()]
+            sourced = [(t, ids) for t, ids in sourced if t is not args[0]]
+            if (ids := self._ids(args[0])) is not None:
+                ids.fill_(-1.0)  # it holds no source now; a copy_ of one marks it again below
+        if not func.is_view and not op.startswith(_ALLOCS) and sourced:
+            held = self._split(torch.cat([ids.flatten() for _, ids in sourced]))  # one read per source
+            reads = [(src, self._positions(src, ids)) for src, ids in held.items()]
             self._follow_copies(func, args, kwargs, out, sourced)
         self.calls.append(_Call(func, func.is_view, ins, [tuple(t.shape) for t in outs], folded, reads))
         return out
 
     def _follow_copies(self, func, args, kwargs, out, sourced) -> None:
-        """A copy, a cast, a padding or a concatenation of a source (whole, or a slice of it), and an elementwise op
-        of a whole source, hold the source's elements: reading them later reads those. (An elementwise op of a
-        slice is not followed: it may be a running state, ``torch.maximum(m, x_j)``, that the next block reads.)"""
+        """A copy, a cast, a padding, a concatenation or a stack of sources (whole, or slices of them, k and v
+        together too), and an elementwise op of a whole source, hold the sources' elements: reading them later
+        reads those. (An elementwise op of a slice is not followed: it may be a running state,
+        ``torch.maximum(m, x_j)``, that the next block reads.)"""
         op = str(func)
-        if op.startswith("aten.cat") and sourced and isinstance(out, torch.Tensor):
-            parts = [self._ids(t) for t in args[0]]
-            if len({found[0] for found in parts if found}) == 1:  # the parts of one source, and other tensors
-                blank = [torch.full(t.shape, -1.0, dtype=torch.float64) for t in args[0]]
-                ids = [found[1] if found else b for found, b in zip(parts, blank)]
-                self._track(sourced[0][1][0], out, torch.cat(ids, args[1] if len(args) > 1 else kwargs.get("dim", 0)))
+        if op.startswith(("aten.cat", "aten.stack")) and isinstance(out, torch.Tensor):
+            ids = [i if (i := self._ids(t)) is not None else torch.full(t.shape, -1.0).double() for t in args[0]]
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            self._track(out, getattr(torch, func.overloadpacket.__name__)(ids, dim))  # torch.cat or torch.stack
             return
-        for _, (src, ids) in sourced:
+        for _, ids in sourced:
             if op.startswith("aten.constant_pad_nd") and isinstance(out, torch.Tensor):
-                self._track(src, out, F.pad(ids, args[1], value=-1.0))
+                self._track(out, F.pad(ids, args[1], value=-1.0))
             elif op.startswith("aten.copy_"):
-                self._track(src, args[0], ids)
+                self._track(args[0], ids)
             elif isinstance(out, torch.Tensor) and out.shape == ids.shape:
                 copy = op.startswith(("aten.clone", "aten._to_copy", "aten.detach", "aten.alias"))
-                whole = ids[ids >= 0].unique().numel() == self.numel[src]  # k * scale, not torch.maximum(m, x_j)
+                parts = self._split(ids[ids >= 0])  # k * scale whole, not torch.maximum(m, x_j)
+                whole = parts and all(part.unique().numel() == self.ranges[name][1] for name, part in parts.items())
                 if copy or (whole and torch.Tag.pointwise in func.tags):
-                    self._track(src, out, ids)
+                    self._track(out, ids)
 
 
 def _recorded(g: Grader, fn, args: tuple, sources: dict):
@@ -214,7 +213,7 @@ def _late_values(calls, block: int) -> list:
 def _work(calls):
     """The calls other than views, copies, allocations and elementwise ops on a whole input (``k * scale``)."""
     for c in calls:
-        moves = c.is_view or str(c.func).startswith((*_COPIES, *_ALLOCS, "aten.stack"))
+        moves = c.is_view or str(c.func).startswith((*_COPIES, *_ALLOCS))
         if not moves and not (torch.Tag.pointwise in c.func.tags and any(out in c.ins for out in c.outs)):
             yield c
 
