@@ -3,7 +3,7 @@
 NCCL matches the n-th send from rank i to j with the n-th receive on j from i, whatever their tags
 (pytorch/pytorch#94819), and runs a rank's sends and receives one after the other in the order it
 posted them, unless they are posted together in one ``batch_isend_irecv``: a send waits until its
-receive is running. Gloo honours tags and lets a send finish before its receive is posted, so a plain
+receive is running. Gloo honours tags and matches each pair and direction on its own queue, so a plain
 gloo run shows neither hazard. Here every send and receive goes through a test-only layer that drops the
 tag (gloo then pairs messages by posting order alone, as NCCL does) and records what each rank posts,
 in batches. Two checks, for every schedule at p=2 and p=4:
@@ -15,7 +15,8 @@ in batches. Two checks, for every schedule at p=2 and p=4:
   stuck there. The executor posts a receive before a send at a tie (``message_order``), so NCCL's own
   rule, one queue per rank, would get stuck on it: ``_drain(..., per_direction=False)`` shows where.
   An executor that paired messages by tag (each send and receive alone, in the order of its own
-  actions) gets stuck either way.
+  actions) gets stuck either way. ``_drain`` checks only that the recorded messages pair up consistently:
+  that the schedules are free of deadlock rests on ``simulate``'s schedules and on the runs on real processes.
 
 Tolerance 1e-5 in fp32, as in test_parallel_pipeline_parallel.py.
 """

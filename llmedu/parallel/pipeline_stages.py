@@ -157,7 +157,7 @@ class SleepStage(nn.Module):
     """A stage of known duration for measuring schedules: tanh(x W^T + b) and sleeps of ``forward_s`` in
     forward, in the input gradient and in the weight gradient (a whole backward: twice forward). The
     sleeps sit on the input's and on the weight's path, so that a split backward (I, W) takes one each.
-    Unlike arithmetic, a sleep lasts as long on a machine shared with others."""
+    Unlike arithmetic, a sleep lasts at least its set time on a machine shared with others."""
 
     def __init__(self, width: int, forward_s: float):
         super().__init__()
