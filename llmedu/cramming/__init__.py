@@ -4,7 +4,9 @@ recipe      Recipe: the crammed recipe and the original BERT one as data, one fi
             ABLATIONS; parse_budget("10m"); the budget clock that the learning rate follows
 data        prepare_data: the tokenizer, the packed train and held-out rows and their counts, in one step
             before the clock starts; deduplicate drops duplicate documents and repeated lines
-pretrain    pretrain(out, PretrainRun(recipe, budget_seconds)): the course's trainer under the budget,
+loop        crammed_loop: the budgeted training step in one loop (budget clock, schedule, batch ramp,
+            autocast, sparse prediction, clipping), the one pretrain runs
+pretrain    pretrain(out, PretrainRun(recipe, budget_seconds)): the run folder around crammed_loop,
             checkpoints that resume exactly, a JSON summary
 finetune    finetune(run, "rotten_tomatoes"): fixed settings (FIXED, or the authors' AUTHORS),
             pretrained or random weights

@@ -1,28 +1,24 @@
-"""Masked-LM pretraining from scratch under a wall-clock budget (Geiping & Goldstein 2022, sec. 2-4).
+"""Masked-LM pretraining from scratch under a wall-clock budget (Geiping & Goldstein 2023, sec. 2-4).
 
     run = PretrainRun(crammed(), budget_seconds=parse_budget("10m"))
     summary = pretrain("runs/crammed", run)
 
 The rules of the game (the paper's sec. 2): a model trained from random weights on raw text, on one
 device, for a fixed number of seconds; the data preparation (``data.prepare_data``: tokenizer, packing,
-deduplication) happens once, before the clock starts. The clock here is the trainer's: the sum of the optimizer steps' times, which leaves
-out checkpoint writing and the evaluation at the end.
+deduplication) happens once, before the clock starts. The training itself is ``loop.crammed_loop``, the
+budgeted step in one loop (budget clock, schedule, batch ramp, sparse prediction, clipping); its clock sums
+the optimizer steps' times, leaving out checkpoints and held-out evaluations. This file manages the run
+around it: the run folder, resuming, and the hooks that write checkpoints and the held-out history.
 
 The run folder holds ``run.json`` (the ``PretrainRun``: recipe, corpora, budget and seed, what a
-resume must match), ``tokenizer.json``, ``checkpoints/step-NNNNNN`` (the trainer's, resumable
-exactly, resumed from the newest intact one) and ``summary.json`` (the figures printed at the end).
+resume must match), ``tokenizer.json``, ``checkpoints/step-NNNNNN`` (resumable exactly: weights, Adam's
+moments, RNG, data position and clock; resumed from the newest intact one) and ``summary.json``.
 
-Sparse prediction (the paper's sec. 4.2, its head block): the MLM head is a dense layer, a norm and a
-(T, vocab) matmul per position, but only the ~15% masked positions carry a loss. Running the head on
-those rows alone gives the same loss and gradients, and skips about 85% of the largest matmul.
-
-Passes over the data: the summary states the training split's packed tokens
-(``corpus_tokens``), the tokens read across resumes (``tokens_seen``) and their ratio (``passes``): a run
-that reads its data eight times is a repeated-data result. ``PretrainRun(dedup=True)`` trains on the
-text less exact duplicate documents and repeated lines (``data.py``), and the summary says how much
-went. ``eval_every=N`` measures the held-out MLM loss every N steps (outside the budget's clock) into
-``val_history``, which ``target.time_to_target`` reads.
-
+Passes over the data: the summary states the training split's packed tokens (``corpus_tokens``), the
+tokens read across resumes (``tokens_seen``) and their ratio (``passes``): a run that reads its data eight
+times is a repeated-data result. ``PretrainRun(dedup=True)`` trains on the text less exact duplicate
+documents and repeated lines (``data.py``), and the summary says how much went. ``eval_every=N`` measures
+the held-out MLM loss every N steps (outside the clock) into ``val_history`` (``target.time_to_target``).
 Left out: multi-GPU runs.
 """
 
@@ -35,17 +31,19 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from tqdm import tqdm
 
 from .. import runtime
 from ..data.packing import MLMBatches
 from ..models import MaskedLM
 from ..models.counting import count_parameters, flops_per_token, matmul_parameters
 from ..tokenizers import WordPieceTokenizer
-from ..train import TrainConfig, train
 from ..train import checkpoint as ckpt
+from ..train.history import StepInfo
+from ..train.precision import Precision
 from .data import CORPORA, prepare_data
-from .recipe import BudgetClock, Recipe, budget_accumulation, budget_schedule
+from .loop import Hooks, crammed_loop, mlm_loss_fn
+from .recipe import BudgetClock, Recipe
 
 __all__ = ["PretrainRun", "pretrain", "mlm_loss_fn", "mlm_flops_per_token", "evaluate_mlm", "passes_over_data"]
 __all__ += ["read_run", "load_run", "load_pretrained", "encoder_weights"]
@@ -118,6 +116,10 @@ def pretrain(
     """
     if eval_every is not None and (not isinstance(eval_every, int) or eval_every < 1):
         raise ValueError(f"eval_every must be an int >= 1 (steps) or None, got {eval_every!r}")
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be an int >= 1 (steps), got {checkpoint_every!r}")
+    if keep_checkpoints is not None:
+        ckpt.check_keep(keep_checkpoints, "keep_checkpoints")
     out, recipe = Path(out), run.recipe
     _check_folder(out, run, resume)
     device = device or runtime.device()
@@ -134,55 +136,45 @@ def pretrain(
     runtime.seed_everything(run.seed)
     model = MaskedLM(recipe.model).to(device)
     optimizer = _adamw(model, recipe)
+    policy = Precision(recipe.resolved_precision(device))  # fp16 carries a loss scaler, which checkpoints save
     checkpoints = out / "checkpoints"
-    # everything a resume reads (clock, step, position, weights) comes from this one checked checkpoint;
+    # everything a resume reads (clock, step, position, weights, RNG) comes from this one checked checkpoint;
     # a run stopped before its first checkpoint starts again from step 0
     had_checkpoints = resume and bool(ckpt.checkpoints(checkpoints))
     saved = ckpt.newest_intact(checkpoints) if resume else None
     if had_checkpoints and saved is None:
-        raise FileNotFoundError(
-            f"no intact checkpoint in {checkpoints} to resume from: the damaged ones are moved aside"
-        )
-    start = json.loads((saved / ckpt.STATE).read_text()) if saved else {"step": 0, "seconds": 0.0}
+        raise FileNotFoundError(f"no intact checkpoint in {checkpoints} to resume from (damaged ones are moved aside)")
+    if not saved and ckpt.latest(checkpoints) is not None:
+        raise FileExistsError(f"{checkpoints} already holds checkpoints: resume the run, or use an empty folder")
+    start = ckpt.load(saved, model, optimizer) if saved else {"step": 0, "position": 0, "seconds": 0.0}
+    if policy.scaler is not None and start.get("scaler"):
+        policy.scaler.load_state_dict(start["scaler"])
     clock = BudgetClock(run.budget_seconds, run.max_steps, elapsed=start["seconds"])
-    precision = recipe.resolved_precision(device)
-    config = TrainConfig(
-        max_steps=run.max_steps,
-        max_seconds=run.budget_seconds,
-        precision=precision,
-        accumulation=budget_accumulation(recipe, clock),
-        schedule=budget_schedule(recipe, clock),
-        clip_grad_norm=recipe.clip_grad_norm,
-        checkpoint_dir=checkpoints,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        progress=progress,
-    )
-    on_device = lambda i: {k: v.to(device, non_blocking=True) for k, v in batches(i).items()}  # noqa: E731
     val = None  # the held-out batches, where there are rows enough for one
     if len(data.validation) >= recipe.micro_batch:
         val = MLMBatches(data.validation, recipe.micro_batch, data.tokenizer, seed=12345, **_masking(recipe))
-    val_history = []  # (step, elapsed seconds of training, held-out loss): the clock excludes the evaluation
-
-    def held_out(info) -> None:  # a trainer callback: it runs after the step's time is taken
-        if val is not None and eval_every and info.step % eval_every == 0:
-            loss = evaluate_mlm(model, val, eval_batches, precision, device)
-            val_history.append({"step": info.step, "elapsed": round(info.elapsed, 3), "val_loss": round(loss, 4)})
+    bar = tqdm(total=run.max_steps, initial=start["step"], disable=not progress, desc="train", unit="step")
+    held_out = lambda: evaluate_mlm(model, val, eval_batches, policy.name, device)  # noqa: E731
+    hooks = _RunFolder(checkpoints, keep_checkpoints, model, optimizer, policy, held_out, bar, callbacks)
+    hooks.saved_at = start["step"] if saved else None
+    where = dict(step=start["step"], position=start["position"], checkpoint_every=checkpoint_every)
+    where["eval_every"] = eval_every if val is not None else None
 
     wall = time.perf_counter()
-    history = train(
-        model,
-        optimizer,
-        on_device,
-        mlm_loss_fn(recipe.sparse_prediction),
-        config,
-        callbacks=[clock.tick, held_out, *callbacks],
-        resume=saved or False,
-    )
+    try:
+        with runtime.sigterm_as_interrupt():  # a scheduler's SIGTERM saves the last step, as Ctrl-C does
+            history = crammed_loop(
+                model, optimizer, batches, recipe, clock, device=device, precision=policy, hooks=hooks, **where
+            )
+    except KeyboardInterrupt:
+        print(f"interrupted: step {hooks.saved_at} is saved in {checkpoints}; resume=True continues from it")
+        raise
+    finally:
+        bar.close()
     wall = time.perf_counter() - wall
 
-    val_loss = evaluate_mlm(model, val, eval_batches, precision, device) if val else None
-    summary = _summary(run, model, history, start, device, precision, wall, val_loss)
+    val_loss = evaluate_mlm(model, val, eval_batches, policy.name, device) if val else None
+    summary = _summary(run, model, history, start, device, policy.name, wall, val_loss)
     # passes over the data: the trainer's position counts micro-batches across resumes
     position = json.loads((ckpt.latest(checkpoints) / ckpt.STATE).read_text())["position"]
     tokens_seen = position * recipe.micro_batch * recipe.model.max_seq_len
@@ -190,7 +182,7 @@ def pretrain(
     summary["passes"] = round(passes_over_data(tokens_seen, data.corpus_tokens), 3)
     summary |= {"dedup": data.dedup} if data.dedup is not None else {}  # what deduplication removed
     summary["eval_every"] = eval_every
-    summary["val_history"] = val_history
+    summary["val_history"] = hooks.val_history
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     summary["history"] = history  # for notebooks: every step; not written to the JSON file
     return summary
@@ -201,22 +193,6 @@ def passes_over_data(tokens_seen: int, corpus_tokens: int) -> float:
     if corpus_tokens < 1 or tokens_seen < 0:
         raise ValueError(f"need corpus_tokens >= 1 and tokens_seen >= 0, got {corpus_tokens} and {tokens_seen}")
     return tokens_seen / corpus_tokens
-
-
-def mlm_loss_fn(sparse: bool) -> Callable:
-    """loss_fn(model, batch) for the trainer: cross-entropy over the masked positions."""
-
-    def loss_fn(model: MaskedLM, batch: dict) -> torch.Tensor:
-        h = model.transformer(batch["input_ids"])  # (B, T, d)
-        labels = batch["labels"]  # (B, T), -100 where nothing is predicted
-        if sparse:
-            picked = labels != -100  # (B, T)
-            logits = model.mlm_head(h[picked])  # (M, vocab): the masked rows only
-            return F.cross_entropy(logits.float(), labels[picked])
-        logits = model.mlm_head(h)  # (B, T, vocab): every position
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-
-    return loss_fn
 
 
 def mlm_flops_per_token(recipe: Recipe, model: MaskedLM) -> float:
@@ -245,6 +221,35 @@ def evaluate_mlm(model: MaskedLM, batches: MLMBatches, n_batches: int, precision
             total += loss_fn(model, batch).item()
     model.train(was_training)
     return total / n
+
+
+class _RunFolder(Hooks):
+    """The loop's hooks for a run folder: held-out losses, progress, callbacks and checkpoints."""
+
+    def __init__(self, folder: Path, keep: int | None, model, optimizer, policy: Precision, held_out, bar, callbacks):
+        self.folder, self.keep, self.model, self.optimizer, self.policy = folder, keep, model, optimizer, policy
+        self.held_out, self.bar, self.callbacks = held_out, bar, list(callbacks)  # held_out() -> the held-out loss
+        self.val_history, self.saved_at = [], None  # {step, seconds of training, held-out loss}; the last step saved
+
+    def evaluate(self, info: StepInfo) -> None:
+        loss = self.held_out()
+        self.val_history.append({"step": info.step, "elapsed": round(info.elapsed, 3), "val_loss": round(loss, 4)})
+
+    def step_done(self, info: StepInfo) -> None:
+        for callback in self.callbacks:
+            callback(info)
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{info.loss:.4f}", refresh=False)
+
+    def checkpoint(self, step: int, position: int, seconds: float) -> None:
+        if step == self.saved_at:
+            return  # saved already (every N steps, then the end or an interrupt)
+        scaler = self.policy.scaler.state_dict() if self.policy.scaler else None
+        state = dict(step=step, position=position, seconds=seconds, scaler=scaler)
+        ckpt.save(self.folder, self.model, self.optimizer, state)
+        if self.keep is not None:  # only once the new one is complete
+            ckpt.prune(self.folder, self.keep)
+        self.saved_at = step
 
 
 def _check_folder(out: Path, run: PretrainRun, resume: bool) -> None:
@@ -282,12 +287,8 @@ def _adamw(model: MaskedLM, recipe: Recipe) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices, not on embeddings, norms and biases (BERT's grouping)."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=recipe.lr,
-        betas=recipe.betas,
-        eps=1e-12,
-    )
+    groups = [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas, eps=1e-12)
 
 
 def _summary(run: PretrainRun, model, history, start: dict, device, precision: str, wall: float, val_loss) -> dict:
