@@ -1,6 +1,7 @@
 """The graders of lessons 06-09 pass the reference solutions and fail typical mistakes."""
 
 import torch
+from naive_checkpoint import NaiveCheckpoint
 
 from llmedu.checks.train import check_accumulate, check_adam_state_bytes, check_checkpoint, check_scale_update
 from llmedu.memory.estimate import adamw_fp32_bytes, mixed_precision_adam_bytes
@@ -146,21 +147,7 @@ def test_recompute_flops_grader(capsys):
     )
 
 
-class _NoReplay(torch.autograd.Function):  # the lesson's buggy checkpoint: dropout draws new masks in backward
-    @staticmethod
-    def forward(ctx, f, x):
-        ctx.f = f
-        ctx.save_for_backward(x)
-        with torch.no_grad():
-            return f(x)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        x = x.detach().requires_grad_(True)
-        with torch.enable_grad():
-            ctx.f(x).backward(grad_out)
-        return None, x.grad
+_NoReplay = NaiveCheckpoint  # the lesson's buggy checkpoint: dropout draws new masks in backward
 
 
 class _ReplayNoFork(_NoReplay):  # replays the masks, but leaves the caller's stream rewound

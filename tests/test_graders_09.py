@@ -5,6 +5,7 @@ import math
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
+from naive_checkpoint import NaiveCheckpoint
 from torch import nn
 
 from llmedu.checks.accumulation import check_frozen_input_checkpoint
@@ -75,21 +76,7 @@ def test_recompute_flops():
 
 
 # -- exercise 4: the checkpoint whose input is frozen ---------------------------------------------------
-class _Checkpoint(torch.autograd.Function):  # the lesson's Checkpoint: no output graph when x needs no grad
-    @staticmethod
-    def forward(ctx, f, x):
-        ctx.f = f
-        ctx.save_for_backward(x)
-        with torch.no_grad():
-            return f(x)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        x = x.detach().requires_grad_(True)
-        with torch.enable_grad():
-            ctx.f(x).backward(grad_out)
-        return None, x.grad
+_Checkpoint = NaiveCheckpoint  # the lesson's Checkpoint: no output graph when x needs no grad
 
 
 def _fixed(f, x):  # what enable_input_require_grads does: an input that requires grad gives the output a graph
