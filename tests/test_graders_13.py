@@ -55,23 +55,29 @@ def test_micro_batches_grader():
     )
 
 
-def interleaved_by_hand(m, p, s, v):
-    """Megatron-LM's warm-up count, plus the one forward before the first backward; at most all m v."""
-    return min(2 * (p - s - 1) + (v - 1) * p + 1, m * v)
+def zb_h1_by_hand(m, p, s, a, w):
+    """1F1B's full micro-batches on rank s, min(p - s, m), plus the s whose W it keeps back, as far as the
+    micro-batches left over reach: at that moment the next I has not yet turned a full one into a waiting one."""
+    full = min(p - s, m)
+    return full * a + min(s, m - full) * w
 
 
-def test_interleaved_peak_grader():
-    from llmedu.checks.pipeline import check_interleaved_peak, interleaved_peak
+def test_zb_h1_peak_grader():
+    from llmedu.checks.pipeline import check_zb_h1_peak, zb_h1_peak
 
-    assert check_interleaved_peak(interleaved_by_hand)
-    # plausible wrong value: the warm-up forwards alone (the steady state's forward before each backward forgotten)
-    assert not check_interleaved_peak(lambda m, p, s, v: min(2 * (p - s - 1) + (v - 1) * p, m * v))
-    # plausible wrong value: 1F1B's count in chunks, v times p - s
-    assert not check_interleaved_peak(lambda m, p, s, v: min(m, p - s) * v)
-    # right where the pipe is full, wrong where m v forwards are fewer than the warm-up (no cap)
-    assert not check_interleaved_peak(lambda m, p, s, v: 2 * (p - s - 1) + (v - 1) * p + 1)
+    assert check_zb_h1_peak(zb_h1_by_hand)
+    # plausible wrong value: the text's count, every rank p micro-batches, all of them whole
+    assert not check_zb_h1_peak(lambda m, p, s, a, w: min(p, m) * a)
+    # plausible wrong value: 1F1B's memory, the kept-back W forgotten
+    assert not check_zb_h1_peak(lambda m, p, s, a, w: min(p - s, m) * a)
+    # plausible wrong value: GPipe's, every micro-batch held
+    assert not check_zb_h1_peak(lambda m, p, s, a, w: m * a)
+    # right wherever m >= p, wrong where fewer micro-batches than stages leave less to keep back
+    assert not check_zb_h1_peak(lambda m, p, s, a, w: min(p - s, m) * a + s * w)
+    # the wrong cap: s waiting ones as long as m >= s, as if the full ones were not among the m
+    assert not check_zb_h1_peak(lambda m, p, s, a, w: min(p - s, m) * a + min(s, m) * w)
     # the right value, counted from the library's schedule
-    result = check_interleaved_peak(lambda m, p, s, v: interleaved_peak(m, p, s, v))
+    result = check_zb_h1_peak(lambda m, p, s, a, w: zb_h1_peak(m, p, s, a, w))
     assert not result and "called" in result.failure
 
 

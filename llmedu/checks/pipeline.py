@@ -1,10 +1,10 @@
-"""Graders for lesson 13 (pipeline parallelism): a bubble predicted by hand, the activations an interleaved
+"""Graders for lesson 13 (pipeline parallelism): a bubble predicted by hand, the activation memory a ZB-H1
 rank holds, the cost of receives posted late, and a number of micro-batches chosen.
 
 ``check_slow_stage_bubble`` wants the idle share of a GPipe step with one slow stage worked out with pen and
 paper: it fails a function that asks the library's schedules or simulator (``llmedu.parallel``) for it.
-``check_interleaved_peak`` wants the most chunk activations a rank of the interleaved schedule holds, and
-``check_late_receive_step`` the overlapped GPipe step of a ``Mailbox`` whose order breaks ties with the
+``check_zb_h1_peak`` wants the most activation bytes a rank of ZB-H1 holds when a micro-batch whose input
+gradient has run keeps only what its weight gradient needs, and ``check_late_receive_step`` the overlapped GPipe step of a ``Mailbox`` whose order breaks ties with the
 lower rank's send first, both worked out by hand too (``mailbox_step`` is the reference: the executor's
 posts simulated, each message leaving when it is sent or when its receive is posted, whichever is later).
 ``check_micro_batches`` wants the m that gives the shortest 1F1B step within a memory budget, when each
@@ -22,9 +22,20 @@ from ..parallel.pipeline_schedules import Message, bubble_fraction, message_orde
 from .core import CheckResult, Grader, call_watching
 
 __all__ = ["check_slow_stage_bubble", "check_micro_batches", "slow_stage_bubble", "best_micro_batches"]
-__all__ += ["check_interleaved_peak", "interleaved_peak", "check_late_receive_step", "mailbox_step"]
+__all__ += ["check_zb_h1_peak", "zb_h1_peak", "check_late_receive_step", "mailbox_step"]
 
 _LIBRARY = Path(__file__).resolve().parents[1] / "parallel"
+
+
+def _run_cases(g: Grader, fn: Callable, cases: list[tuple[str, tuple]], reference: Callable, what: str, **tol):
+    """Each (label, args) case: ``fn(*args)`` against ``reference(*args)``, failing at once (and stopping) if
+    ``fn`` called ``llmedu.parallel``: the answer is to be worked out by hand, not asked of the library."""
+    for case, args in cases:
+        got, called = call_watching(g, fn, args, _LIBRARY)
+        if not g.expect(f"{case}: {what}", called is None, f"your function called {called}"):
+            break
+        g.compare(case, got, reference(*args), **tol)
+    return g.result()
 
 
 def slow_stage_bubble(n_stages: int, n_micro: int, slow_stage: int, slowdown: float) -> float:
@@ -37,45 +48,49 @@ def check_slow_stage_bubble(fn: Callable[[int, int, int, float], float]) -> Chec
     """``fn(n_stages, n_micro, slow_stage, slowdown)`` -> the idle share of a GPipe step (idle time over
     p x step time) when one stage's forward and backward take ``slowdown`` times as long as the others'.
     Worked out by hand: a function that calls ``llmedu.parallel`` (``simulate``, ``schedule``) fails."""
+    cases = [(4, 8, 1, 2.0), (2, 3, 0, 3.0), (8, 16, 5, 1.25), (4, 2, 3, 2.0), (6, 24, 2, 1.5), (3, 5, 1, 1.0)]
+    labelled = [(f"p={p}, m={m}, stage {k} x{s}", (p, m, k, s)) for p, m, k, s in cases]
     g = Grader("check_slow_stage_bubble")
-    for p, m, k, s in [
-        (4, 8, 1, 2.0),
-        (2, 3, 0, 3.0),
-        (8, 16, 5, 1.25),
-        (4, 2, 3, 2.0),
-        (6, 24, 2, 1.5),
-        (3, 5, 1, 1.0),
-    ]:
-        case = f"p={p}, m={m}, stage {k} x{s}"
-        got, called = call_watching(g, fn, (p, m, k, s), _LIBRARY)
-        if not g.expect(f"{case}: worked out, not simulated", called is None, f"your function called {called}"):
-            break
-        g.compare(case, got, slow_stage_bubble(p, m, k, s), atol=1e-9)
-    return g.result()
+    return _run_cases(g, fn, labelled, slow_stage_bubble, "worked out, not simulated", atol=1e-9)
 
 
-def interleaved_peak(n_micro: int, n_stages: int, stage: int, n_chunks: int) -> int:
-    """The reference, counted: the most (micro-batch, chunk) activations rank ``stage`` holds at once."""
-    held, peak = set(), 0
-    for a in schedule("interleaved", n_micro, n_stages, stage, n_chunks):
-        (held.add if a.kind == "F" else held.discard)((a.micro, a.chunk))
-        peak = max(peak, len(held))
+def zb_h1_peak(n_micro: int, n_stages: int, stage: int, act_bytes: int, w_bytes: int) -> int:
+    """The reference, counted over the schedule: the most bytes rank ``stage`` of ZB-H1 holds at once, a
+    micro-batch holding ``act_bytes`` from its F to its I and ``w_bytes`` from its I to its W."""
+    full, waiting, peak = set(), set(), 0
+    for a in schedule("zb-h1", n_micro, n_stages, stage):
+        if a.kind == "F":
+            full.add(a.micro)
+        elif a.kind == "I":
+            full.discard(a.micro)
+            waiting.add(a.micro)
+        else:  # W
+            waiting.discard(a.micro)
+        peak = max(peak, len(full) * act_bytes + len(waiting) * w_bytes)
     return peak
 
 
-def check_interleaved_peak(fn: Callable[[int, int, int, int], int]) -> CheckResult:
-    """``fn(n_micro, n_stages, stage, n_chunks)`` -> the most chunk activations (one micro-batch through
-    one chunk, from its F until its B) that rank ``stage`` of the interleaved schedule holds at once.
-    Worked out by hand: a function that calls ``llmedu.parallel`` fails."""
-    g = Grader("check_interleaved_peak")
-    for p, v, m in [(4, 2, 8), (4, 2, 4), (2, 3, 2), (8, 2, 32), (4, 3, 12), (3, 4, 3), (2, 2, 8)]:
-        for s in range(p):
-            case = f"m={m}, p={p}, v={v}, rank {s}"
-            got, called = call_watching(g, fn, (m, p, s, v), _LIBRARY)
-            if not g.expect(f"{case}: worked out, not counted", called is None, f"your function called {called}"):
-                return g.result()
-            g.compare(case, got, interleaved_peak(m, p, s, v))
-    return g.result()
+_ZB_CASES = [  # (m, p, act_bytes, w_bytes): m above, at and below p, and a W that keeps everything
+    (8, 4, 10, 3),
+    (4, 4, 7, 2),
+    (2, 4, 10, 3),
+    (12, 6, 9, 4),
+    (5, 8, 6, 1),
+    (3, 6, 5, 5),
+    (16, 2, 3, 1),
+]
+
+
+def check_zb_h1_peak(fn: Callable[[int, int, int, int, int], int]) -> CheckResult:
+    """``fn(n_micro, n_stages, stage, act_bytes, w_bytes)`` -> the most activation bytes rank ``stage`` of
+    ZB-H1 holds at once, when a micro-batch holds ``act_bytes`` from its F until its I and ``w_bytes <=
+    act_bytes`` from its I until its W. Worked out by hand: a function that calls ``llmedu.parallel`` fails."""
+    cases = [
+        (f"m={m}, p={p}, rank {s}, act_bytes={a}, w_bytes={w}", (m, p, s, a, w))
+        for m, p, a, w in _ZB_CASES
+        for s in range(p)
+    ]
+    return _run_cases(Grader("check_zb_h1_peak"), fn, cases, zb_h1_peak, "worked out, not counted")
 
 
 def mailbox_step(n_stages: int, n_micro: int, t_f: float, c: float, receives_first: bool = True) -> float:
@@ -131,20 +146,14 @@ def check_late_receive_step(fn: Callable[[int, int, float, float], float]) -> Ch
     """``fn(n_stages, n_micro, t_f, c)`` -> the overlapped GPipe step (backward 2 t_f, c per message, c <=
     t_f) when the ``Mailbox`` posts its messages in the order ``message_order(..., receives_first=False)``
     gives. Worked out by hand: a function that calls ``llmedu.parallel`` fails."""
+    cases = [(4, 8, 0.02, 0.01), (2, 4, 0.02, 0.01), (3, 5, 1.0, 0.5), (8, 16, 1.0, 0.25), (4, 1, 1.0, 1.0)]
+    labelled = [(f"p={p}, m={m}, t_f={t_f}, c={c}", (p, m, t_f, c)) for p, m, t_f, c in cases]
+
+    def late(p, m, t_f, c):
+        return mailbox_step(p, m, t_f, c, receives_first=False)
+
     g = Grader("check_late_receive_step")
-    for p, m, t_f, c in [
-        (4, 8, 0.02, 0.01),
-        (2, 4, 0.02, 0.01),
-        (3, 5, 1.0, 0.5),
-        (8, 16, 1.0, 0.25),
-        (4, 1, 1.0, 1.0),
-    ]:
-        case = f"p={p}, m={m}, t_f={t_f}, c={c}"
-        got, called = call_watching(g, fn, (p, m, t_f, c), _LIBRARY)
-        if not g.expect(f"{case}: worked out, not simulated", called is None, f"your function called {called}"):
-            break
-        g.compare(case, got, mailbox_step(p, m, t_f, c, receives_first=False), rtol=1e-9)
-    return g.result()
+    return _run_cases(g, fn, labelled, late, "worked out, not simulated", rtol=1e-9)
 
 
 def best_micro_batches(batch: int, n_stages: int, fixed: float, per_sample: float, memory: int) -> int:
