@@ -117,6 +117,24 @@ def test_blockwise_equals_gathered_on_a_larger_batch():
     )
 
 
+def test_gathered_attention_with_gqa_does_not_repeat_the_kv_heads():
+    """SDPA's enable_gqa gives the output of repeating each K/V head for its query heads, without the copy:
+    the largest tensor computed is one gathered (B, H_kv, T, D) copy, not a (B, H, T, D) repetition of it."""
+    from llmedu.kernels.traffic import largest_temporary
+
+    lengths, H, n_kv, D, S = [64, 40, 64], 8, 2, 16, 16
+    _, _, k_pool, v_pool, tables = scattered_cache(lengths, n_kv, D, S, seed=5)
+    q = torch.randn(len(lengths), H, 1, D, generator=torch.Generator().manual_seed(6))
+    context = torch.tensor(lengths)
+    repeated_k = gather_kv(k_pool, tables, 64).repeat_interleave(H // n_kv, dim=1)  # (B, H, T, D): the old path
+    repeated_v = gather_kv(v_pool, tables, 64).repeat_interleave(H // n_kv, dim=1)
+    visible = torch.arange(64)[None, None, None, :] < context[:, None, None, None]  # (B, 1, 1, T)
+    expected = F.scaled_dot_product_attention(q, repeated_k, repeated_v, attn_mask=visible)
+    torch.testing.assert_close(paged_attention(q, k_pool, v_pool, tables, context), expected, atol=1e-6, rtol=0)
+    elements, shape, op = largest_temporary(paged_attention, q, k_pool, v_pool, tables, context)
+    assert elements <= len(lengths) * n_kv * 64 * D, f"{op} made {shape}: the K/V heads were repeated"
+
+
 @pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda f: f.__name__)
 def test_paged_attention_bad_input(attention):
     _, _, k_pool, v_pool, tables = scattered_cache([4, 6], 2, 8, 4)
@@ -248,6 +266,47 @@ def test_continuous_batching_reproduces_contiguous_generation(position):
             assert outputs[i][j] == ids[0, len(req.prompt) :].tolist(), f"request {i}, sample {j}"
     assert batcher.cache.allocator.num_used == 0 and not batcher.cache.tables  # nothing leaked
     batcher.cache.allocator.check()
+
+
+def test_a_contiguous_reservation_admits_fewer_sequences_into_the_same_blocks():
+    """reserve='request': a sequence holds prompt + max_new_tokens slots from admission to the end. Under the
+    same blocks it never preempts, never holds more than the pool, makes the same tokens as the paged run,
+    and serves fewer sequences per step, so it needs more steps for the same work."""
+    torch.manual_seed(0)
+    model = CausalLM(TransformerConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, max_seq_len=64)).eval()
+    g = torch.Generator().manual_seed(2)
+    requests = [
+        Request(torch.randint(1, 64, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist(), 24, seed=i)
+        for i in range(10)
+    ]  # replies end at token 0 (eos) or after 24 tokens
+    runs = {}
+    for reserve in (None, "request"):
+        batcher = ContinuousBatcher(model, num_blocks=24, block_size=4, max_batch=64, eos_id=0, reserve=reserve)
+        runs[reserve] = (batcher, batcher.run(requests, progress=False))
+    (paged, paged_out), (slabs, slab_out) = runs[None], runs["request"]
+    assert slab_out == paged_out  # the admission rule changes when a sequence runs, not what it samples
+    assert slabs.preemptions == 0 and slabs.reserved == 0 and slabs.cache.allocator.num_used == 0
+    for record in slabs.history:
+        assert record["held"] <= 24 * 4 and record["allocated"] <= record["held"]
+        held = sum(-(-(len(requests[slabs.request_of[s]].prompt) + 24) // 4) * 4 for s in record["lengths"])
+        assert record["held"] == held  # a slab per running sequence, nothing more
+    served = {name: [r["decoded"] for r in b.history] for name, b in (("paged", paged), ("slabs", slabs))}
+    assert max(served["paged"]) > max(served["slabs"]) and len(served["paged"]) < len(served["slabs"])
+    made = [sum(r["tokens"] for r in b.history) for b in (paged, slabs)]
+    assert made == [sum(len(o[0]) for o in paged_out)] * 2
+
+
+def test_a_bad_reservation_is_refused():
+    model = CausalLM(TransformerConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, max_seq_len=64)).eval()
+    for bad in ("max", 0, -16, 2.5):
+        with pytest.raises(ValueError, match=f"reserve must be None .* got {bad!r}"):
+            ContinuousBatcher(model, num_blocks=8, reserve=bad)
+    with pytest.raises(ValueError, match="request 0: 20 tokens exceed a slab of reserve=16"):
+        ContinuousBatcher(model, num_blocks=8, block_size=4, reserve=16).run([Request([1] * 10, 10)], progress=False)
+    with pytest.raises(ValueError, match="alone needs more than the 8 blocks"):  # two slabs of 5 blocks
+        ContinuousBatcher(model, num_blocks=8, block_size=4, reserve="request").run(
+            [Request([1] * 10, 10, n=2)], progress=False
+        )
 
 
 def test_paged_waste_is_below_one_block_per_sequence():

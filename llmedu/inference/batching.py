@@ -15,6 +15,12 @@ decides again at every step:
 Every sequence samples from its own seeded generator, exactly as ``llmedu.models.gpt.generate``
 does for one sequence, so the tokens do not depend on what else shares the batch.
 
+``reserve`` turns the same loop into a contiguous server for comparison (Kwon et al. 2023, sec. 2.3 and
+3; Orca is their baseline): each sequence is admitted only if a slab of ``reserve`` slots (a number, or
+``"request"``: its prompt + ``max_new_tokens``; rounded up to whole blocks) still fits in the unreserved
+memory, and holds the slab until it finishes. Its tokens still live in blocks, so it is spared the external fragmentation of a real
+contiguous cache; only its admission rule differs, which is what decides how many sequences share a step.
+
 A model of the course takes one position for a whole batch (``Transformer.forward`` reads it from
 ``cache.length``), so step 3 runs one forward pass per group of sequences of equal length. vLLM's
 model takes a position per token and runs all of them in one pass.
@@ -66,13 +72,33 @@ class _Sequence:
 class ContinuousBatcher:
     """Serves requests with ``model`` (a ``CausalLM``) from a pool of ``num_blocks`` KV blocks."""
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, max_batch: int = 32, eos_id: int | None = None):
-        self.model, self.max_batch, self.eos_id = model, max_batch, eos_id
+    def __init__(
+        self,
+        model,
+        num_blocks: int,
+        block_size: int = 16,
+        max_batch: int = 32,
+        eos_id: int | None = None,
+        reserve: int | str | None = None,
+    ):
+        if not (reserve is None or reserve == "request" or (isinstance(reserve, int) and reserve > 0)):
+            raise ValueError(
+                f"reserve must be None (blocks on demand), 'request' or a number of slots, got {reserve!r}"
+            )
+        self.model, self.max_batch, self.eos_id, self.reserve = model, max_batch, eos_id, reserve
         weight = next(model.parameters())
         self.cache = PagedKVCache.for_model(model.config, num_blocks, block_size, weight.device, weight.dtype)
         self.history: list[dict] = []  # one record per step: the figures a lesson plots
         self.preemptions = 0
         self.request_of: dict[int, int] = {}  # sequence id -> index of its request
+        self.reserved = 0  # blocks held by the slabs of running sequences (only with ``reserve``)
+
+    def _slab(self, req: Request) -> int:
+        """Blocks a sequence of ``req`` holds from admission to the end, with ``reserve``; 0 without."""
+        if self.reserve is None:
+            return 0
+        slots = len(req.prompt) + req.max_new_tokens if self.reserve == "request" else self.reserve
+        return -(-slots // self.cache.block_size)
 
     def _sample(self, logits: torch.Tensor, req: Request, generator: torch.Generator) -> int:
         """One token from logits (1, vocab), by the same operations as ``generate``."""
@@ -89,7 +115,8 @@ class ContinuousBatcher:
         """Generate for every request; returns outputs[request][sample] = the new tokens.
 
         ``on_step(record)`` is called after every step with that step's figures (running and
-        waiting sequences, blocks in use, slots allocated / filled / logical, tokens made).
+        waiting sequences, sequences decoded, blocks in use, slots allocated / filled / logical / held
+        (reserved, or allocated without ``reserve``), tokens made, forward passes).
         """
         model, cache = self.model, self.cache
         device = next(model.parameters()).device
@@ -105,9 +132,13 @@ class ContinuousBatcher:
                 )
             admit = -(-len(req.prompt) // cache.block_size) + req.n  # the prompt, and room for each sample to grow
             finish = -(-(len(req.prompt) + req.max_new_tokens) // cache.block_size) + 1  # one sample, to the end
-            if max(admit, finish) > cache.allocator.num_blocks:
+            if max(admit, finish, req.n * self._slab(req)) > cache.allocator.num_blocks:
                 raise ValueError(
                     f"request {i} alone needs more than the {cache.allocator.num_blocks} blocks of the cache"
+                )
+            if isinstance(self.reserve, int) and len(req.prompt) + req.max_new_tokens > self.reserve:
+                raise ValueError(
+                    f"request {i}: {len(req.prompt) + req.max_new_tokens} tokens exceed a slab of reserve={self.reserve}"
                 )
         outputs = [[[] for _ in range(r.n)] for r in requests]
         waiting: deque[list[_Sequence]] = deque()  # groups of sequences that share their tokens
@@ -131,23 +162,29 @@ class ContinuousBatcher:
             bar.update(1)
             if seq.generated == requests[seq.request].max_new_tokens or token == self.eos_id:
                 cache.free(seq.id)
+                self.reserved -= self._slab(requests[seq.request])
             else:
                 keep.append(seq)
 
         step = 0
         while waiting or running:
-            made = 0
+            made = passes = 0
             # 1. admission and prefill: a group needs its tokens' blocks plus one per sequence to grow
             while waiting:
                 group = waiting[0]
                 need = -(-len(group[0].tokens) // cache.block_size) + len(group)
+                slabs = len(group) * self._slab(requests[group[0].request])  # 0 without ``reserve``
                 if len(running) + len(group) > self.max_batch or need > cache.allocator.num_free:
                     break
+                if slabs > cache.allocator.num_blocks - self.reserved:
+                    break
                 waiting.popleft()
+                self.reserved += slabs
                 first = group[0]
                 cache.add(first.id)
                 ids = torch.tensor([first.tokens], device=device)  # (1, T)
                 logits = model(ids, cache=PagedBatch(cache, [first.id], ids.shape[1]))[:, -1]  # (1, vocab)
+                passes += 1
                 for seq in group[1:]:
                     cache.fork(first.id, seq.id)  # shares every block of the prompt
                 for seq in group:
@@ -159,6 +196,7 @@ class ContinuousBatcher:
             while sum(cache.blocks_needed(s.id, 1) for s in running) > cache.allocator.num_free:
                 victim = running.pop()
                 cache.free(victim.id)
+                self.reserved -= self._slab(requests[victim.request])  # never needed with ``reserve``
                 self.preemptions += 1
                 waiting.appendleft([victim])  # recomputed from its tokens when blocks are free again
             # 3. decode one token per running sequence, a forward pass per group of equal length
@@ -169,6 +207,7 @@ class ContinuousBatcher:
             for group in by_length.values():
                 ids = torch.tensor([[s.tokens[-1]] for s in group], device=device)  # (G, 1)
                 logits = model(ids, cache=PagedBatch(cache, [s.id for s in group], 1))[:, -1]  # (G, vocab)
+                passes += 1
                 for row, seq in enumerate(group):
                     finish_or_keep(
                         seq, self._sample(logits[row : row + 1], requests[seq.request], seq.generator), still
@@ -179,12 +218,15 @@ class ContinuousBatcher:
                 "step": step,
                 "running": len(running),
                 "waiting": sum(map(len, waiting)),
-                "tokens": made,
+                "decoded": sum(map(len, by_length.values())),  # sequences that took a decoding step together
+                "tokens": made,  # the decoded ones, and one more for each sequence admitted (from its prompt)
+                "passes": passes,  # forward passes of the model this step
                 "preemptions": self.preemptions,
                 "blocks_used": cache.allocator.num_used,
                 "lengths": dict(cache.lengths),
                 **cache.slots(),
             }
+            record["held"] = self.reserved * cache.block_size if self.reserve else record["allocated"]
             self.history.append(record)
             if on_step is not None:
                 on_step(record)

@@ -17,9 +17,9 @@ Reading K and V through the table, two ways:
   folds each block into the output with the online softmax of FlashAttention (lesson 17); vLLM's
   paged_attention_v1 instead keeps the sequence's scores in shared memory, takes their max and sum, and
   makes a second pass over the value blocks. Either way the whole context is never assembled in one tensor.
-* ``gather_kv`` copies a batch's blocks into one contiguous (B, H_kv, T, D) tensor, and
-  ``paged_attention`` runs SDPA on that copy. ``PagedBatch.update`` does this for every layer at
-  every step, because our model's attention takes contiguous K and V from its cache: it costs a copy
+* ``gather_kv`` copies a batch's blocks into one contiguous (B, H_kv, T, D) tensor, and ``paged_attention``
+  runs SDPA on that copy (``enable_gqa``: the K/V heads are not repeated). ``PagedBatch.update`` gathers for
+  every layer at every step, because our model's attention takes contiguous K and V from its cache: a copy
   of the whole context per layer and step, the traffic vLLM's kernel avoids. It is the simple oracle.
 
 Sharing: ``fork(parent, child)`` gives the child the parent's table and one more reference to each
@@ -100,11 +100,11 @@ def paged_attention(
     B, H, Tq, D = q.shape
     _check_paged_args(q, key_pool, value_pool, block_tables, context_lens)
     T = int(context_lens.max())
-    k = gather_kv(key_pool, block_tables, T).repeat_interleave(H // key_pool.shape[1], dim=1)  # (B, H, T, D)
-    v = gather_kv(value_pool, block_tables, T).repeat_interleave(H // key_pool.shape[1], dim=1)
+    k, v = gather_kv(key_pool, block_tables, T), gather_kv(value_pool, block_tables, T)  # (B, H_kv, T, D) each
     position = context_lens[:, None] - Tq + torch.arange(Tq, device=q.device)  # (B, Tq) of each query
     visible = torch.arange(T, device=q.device)[None, None, :] <= position[:, :, None]  # (B, Tq, T)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None])  # (B, H, Tq, D)
+    # enable_gqa: query head h reads K/V head h // (H / H_kv) in place; K and V are not repeated H / H_kv times
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None], enable_gqa=True)  # (B, H, Tq, D)
 
 
 def paged_attention_blockwise(
