@@ -55,8 +55,9 @@ def check_next_token_loss(fn) -> CheckResult:
             g.expect(name, False, f"got {type(got).__name__}: return the loss as a number or a 0-d tensor")
             continue
         wrong = {
-            "you did not shift: position t is scored on token t, which the causal mask lets it see, so a model "
-            "learns to copy its input and the loss goes to 0": F.cross_entropy(logits.reshape(-1, V), ids.reshape(-1)),
+            "you did not shift: position t is scored on token t, its own input, instead of the token after it": (
+                F.cross_entropy(logits.reshape(-1, V), ids.reshape(-1))
+            ),
             "you shifted the wrong way: position t + 1 is scored on token t, the past": F.cross_entropy(
                 logits[:, 1:].reshape(-1, V), ids[:, :-1].reshape(-1)
             ),

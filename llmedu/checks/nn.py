@@ -21,9 +21,7 @@ Lesson 03:
 Lesson 04:
     check_gqa_from_mha(fn)          fn(w (H*D, d), n_heads, n_kv_heads) -> (H_kv*D, d), heads mean-pooled per group
     check_decode_speedup(fn)        fn(weight_bytes, mha_cache_bytes, n_heads, n_kv_heads) -> memory-bound speed-up
-Lesson 05:
-    check_llama_flops(fn)           fn(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len)
-                                    -> training FLOPs per token of a LLaMA-style model (SwiGLU, GQA, untied)
+Lesson 05: check_llama_flops, written in ``llmedu.checks.models`` with the lesson's other graders.
 """
 
 from __future__ import annotations
@@ -314,37 +312,5 @@ def check_decode_speedup(fn) -> CheckResult:
 
 
 # -- lesson 05 ---------------------------------------------------------------------------------------
-def llama_matmul_parameters(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff) -> int:
-    """N of 6N for a LLaMA-style model: q, k, v, o (k and v of n_kv_heads heads), three SwiGLU matrices
-    per layer, and the output projection; the embedding table is a lookup, not a matmul."""
-    kv_dim = n_kv_heads * (d_model // n_heads)
-    per_layer = 2 * d_model * d_model + 2 * d_model * kv_dim + 3 * d_model * d_ff
-    return n_layers * per_layer + d_model * vocab_size
-
-
-def check_llama_flops(fn) -> CheckResult:
-    """``fn(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len)``: 6N + 12 L T d per token."""
-    g = Grader("check_llama_flops")
-    cases = [
-        ("a small GQA model", (384, 96, 2, 6, 2, 256, 16)),
-        ("an MQA model", (1000, 64, 3, 4, 1, 172, 128)),
-        ("Llama-2 7B at 4096 tokens", (32000, 4096, 32, 32, 32, 11008, 4096)),
-        ("Llama-2 70B at 4096 tokens", (32000, 8192, 80, 64, 8, 28672, 4096)),
-    ]
-    for name, (V, d, L, H, H_kv, d_ff, T) in cases:
-        n = llama_matmul_parameters(V, d, L, H, H_kv, d_ff)
-        expected = float(6 * n + 12 * L * T * d)
-        got = g.call(fn, V, d, L, H, H_kv, d_ff, T)
-        if isinstance(got, (int, float)) and not isinstance(got, bool):
-            if math.isclose(got, expected + 6 * V * d, rel_tol=1e-9):
-                g.expect(name, False, "you counted the embedding table: it is a lookup, not a matmul")
-            elif H_kv != H and math.isclose(got, expected - 12 * L * T * d * (1 - H_kv / H), rel_tol=1e-9):
-                g.expect(
-                    name,
-                    False,
-                    "you scaled the attention term by n_kv_heads / n_heads: the heads share keys and values, "
-                    "but every query head still computes its own QK^T and PV",
-                )
-        case = f"{name}: V={V}, d={d}, L={L}, {H} heads, {H_kv} KV heads, d_ff={d_ff}, T={T}"
-        g.compare(case, got, expected, rtol=1e-9)
-    return g.result()
+# check_llama_flops lives with the lesson's other graders, in llmedu.checks.models; importable from here too.
+from .models import check_llama_flops, llama_matmul_parameters  # noqa: E402, F401
