@@ -182,3 +182,27 @@ def test_probe_grader_default_size_outgrows_the_last_level_cache():
     recorded = []
     checks.check_read_probe(lambda nbytes: recorded.append(nbytes) or probe_right(nbytes))
     assert recorded and recorded[0] >= max(4 * (llc or 0), 64 * 2**20) - 4
+
+
+def test_probe_on_a_buffer_of_nbytes_elements_reports_a_quarter_of_what_it_reads_and_fails():
+    def elements_for_bytes(nbytes):  # torch.ones(nbytes) is nbytes fp32 elements: 4 * nbytes bytes
+        x = torch.ones(nbytes)
+        return nbytes, timed(x.sum)
+
+    res = checks.check_read_probe(elements_for_bytes, SMALL)
+    assert not res and f"reads a buffer of {4 * SMALL:,} bytes" in res.failure and "4x" in res.failure
+
+
+def test_probe_in_fp64_reporting_the_fp32_bytes_fails_and_counting_its_own_bytes_passes():
+    def fp64(nbytes):  # nbytes // 4 elements of 8 bytes: 2 * nbytes read per call
+        x = torch.ones(nbytes // 4, dtype=torch.float64)
+        return nbytes, timed(x.sum)
+
+    res = checks.check_read_probe(fp64, SMALL)
+    assert not res and f"reads a buffer of {2 * SMALL:,} bytes" in res.failure
+
+    def fp64_counted(nbytes):
+        x = torch.ones(nbytes // 8, dtype=torch.float64)
+        return x.numel() * x.element_size(), timed(x.sum)
+
+    assert checks.check_read_probe(fp64_counted, SMALL)

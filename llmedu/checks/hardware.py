@@ -185,7 +185,8 @@ _WRITE_ONLY = ("fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_",
 
 
 class _ReadRecorder(TorchDispatchMode):
-    """Which storages were written, and each op that reads a tensor of at least ``nbytes``."""
+    """Which storages were written, and each op that reads a tensor of at least ``nbytes``: (op name, whether
+    every such input was written first, the bytes the op wrote, the bytes of those inputs, i.e. what it read)."""
 
     def __init__(self, nbytes: int):
         super().__init__()
@@ -198,10 +199,10 @@ class _ReadRecorder(TorchDispatchMode):
         inputs = [t for t in pytree.tree_leaves((read_args, kwargs)) if isinstance(t, torch.Tensor)]
         out = func(*args, **kwargs)
         outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        big = [t for t in inputs if t.numel() * t.element_size() >= self.nbytes]
+        big = {_key(t): t.numel() * t.element_size() for t in inputs if t.numel() * t.element_size() >= self.nbytes}
         if big and not func.is_view:
             written = sum(t.numel() * t.element_size() for t in outputs)
-            self.big_reads.append((name, all(_key(t) in self.written for t in big), written))
+            self.big_reads.append((name, all(key in self.written for key in big), written, sum(big.values())))
         if name in _WRITE_ONLY and args:
             self.written.add(_key(args[0]))
         elif name in _UNWRITTEN:  # a new buffer, perhaps at the address of a freed, written one
@@ -225,7 +226,8 @@ def check_read_probe(fn, nbytes: int | None = None) -> CheckResult:
     The method, from the ops the probe runs: the kernel it times reads a buffer of at least ``nbytes``
     that was written first (an untouched ``torch.empty`` reads the OS's shared zero page, from the
     cache), writes almost nothing (a copy measures a copy), and runs once more than it is timed (a
-    warm-up); ``bytes_per_call`` is what one call reads; at least 5 repeats, which fit in the call's
+    warm-up); ``bytes_per_call`` is what one call of that kernel reads (the bytes of the tensor it reads, as
+    recorded, not the ``nbytes`` asked for: ``torch.ones(nbytes)`` is 4x that); at least 5 repeats, which fit in the call's
     own duration. ``nbytes`` defaults to 4x the last-level cache, at least 64 MiB.
     """
     g = Grader("check_read_probe")
@@ -252,24 +254,32 @@ def check_read_probe(fn, nbytes: int | None = None) -> CheckResult:
         return g.result()
     if not g.expect(case, bool(recorder.big_reads), f"no op read a buffer of {nbytes:,} bytes; one in cache is faster"):
         return g.result()
-    kernel = statistics.mode(name for name, _, _ in recorder.big_reads)
-    calls = [(initialised, written) for name, initialised, written in recorder.big_reads if name == kernel]
+    kernel = statistics.mode(name for name, *_ in recorder.big_reads)
+    calls = [(initialised, written, read) for name, initialised, written, read in recorder.big_reads if name == kernel]
     g.expect(
         case,
-        all(initialised for initialised, _ in calls),
+        all(initialised for initialised, _, _ in calls),
         f"the timed {kernel} reads a buffer that nothing has written (torch.empty): the OS maps each page of such a "
         "buffer to one shared page of zeros, so it reads the cache, not memory. Write the buffer first",
     )
     g.expect(
         case,
-        max(written for _, written in calls) < nbytes // 2,
+        max(written for _, written, _ in calls) < nbytes // 2,
         f"the timed {kernel} writes as many bytes as it reads: that measures a copy, not a read. Reduce (x.sum())",
     )
     g.expect(case, len(calls) > len(seconds), f"{kernel} ran {len(calls)} times for {len(seconds)} timings: no warm-up")
     g.expect(
         case, sum(seconds) <= wall, f"the seconds add up to {sum(seconds):.3g} s, more than the call's {wall:.3g} s"
     )
-    if isinstance(counted, (int, float)) and counted == 2 * nbytes:
+    read = max(read for _, _, read in calls)  # the bytes of the buffer the timed kernel actually reads
+    if isinstance(counted, (int, float)) and counted == 2 * read:
         g.expect(case, False, f"got {counted:,} bytes per call, 2x the buffer: a read moves each byte once")
-    g.compare(f"{case}: bytes per call", counted, nbytes, rtol=1e-12)
+    if isinstance(counted, (int, float)) and counted != read and read != nbytes:
+        g.expect(
+            case,
+            False,
+            f"got {counted:,} bytes per call, but the timed {kernel} reads a buffer of {read:,} bytes "
+            f"({read / nbytes:g}x the {nbytes:,} asked for): count the bytes of the tensor, numel() * element_size()",
+        )
+    g.compare(f"{case}: bytes per call (what the timed {kernel} reads)", counted, read, rtol=1e-12)
     return g.result()
