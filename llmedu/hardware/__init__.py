@@ -1,6 +1,7 @@
 """How fast can this machine go, and how fast can the big ones? The numbers behind lesson 00.
 
 probe      measured: this machine's matmul FLOP/s (fp32, bf16, fp16), read and copy bandwidth, any kernel
+peak       this CPU's datasheet peak (cores x clock x FLOP/cycle/core) and the best matmul of a size sweep
 specs      cited: peak FLOP/s, memory, bandwidth and interconnect of V100, A100, H100, TPU v4/v5e/v5p, IPU GC200
 roofline   modelled: FLOPs and bytes of matmul, softmax, LayerNorm, attention; min(peak, I * B)
 cost       what training costs: 6ND FLOPs, days on a chip at a given MFU, chips to hold the state
@@ -18,6 +19,7 @@ from .cost import (
     training_days,
     training_flops,
 )
+from .peak import MatmulPeak, PeakSpec, PeakUnknown, best_matmul_peak, datasheet_peak
 from .probe import (
     DTYPES,
     Measurement,
@@ -63,6 +65,11 @@ __all__ = [
     "measure_machine",
     "measure_matmul_flops",
     "measure_read_bandwidth",
+    "MatmulPeak",
+    "PeakSpec",
+    "PeakUnknown",
+    "best_matmul_peak",
+    "datasheet_peak",
     "Workload",
     "arithmetic_intensity",
     "attainable_flops",

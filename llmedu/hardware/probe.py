@@ -18,10 +18,14 @@ kernel selection), then enough calls per repeat that one repeat lasts at least `
 A ``Measurement`` keeps every repeat: its median is the figure to quote, its range the spread.
 ``llmedu.runtime.Timer`` synchronises the device, so kernels are counted where they run.
 
-What is left out: clock boost and thermal throttling, NUMA (a buffer on the other socket's
-memory), and the noise of other processes. On a busy CPU that noise can be large: a parallel
-kernel waits for its slowest thread, so a thread descheduled by the OS stalls every call, and
-small kernels, which last less than a scheduler time slice, suffer most; the spread shows it.
+A small buffer measures the fixed cost of a call (Python, dispatch, waking torch's threads, a few
+microseconds), not a bandwidth: read its seconds per call (``Measurement.seconds``) before its rate.
+And a read probe run on a few cores measures what those cores can pull, not what the DRAM can give:
+by Little's law, bandwidth = bytes in flight / latency, and each core keeps only so many cache misses
+in flight (as one GPU SM cannot saturate HBM alone).
+
+What is left out: clock boost and thermal throttling, NUMA (a buffer on the other socket's memory),
+and the noise of other processes and, in a VM, of other tenants of the same memory; the spread shows it.
 """
 
 from __future__ import annotations
@@ -265,9 +269,10 @@ def measure_machine(device=None, *, n: int | None = None, nbytes: int | None = N
     """This machine as a row of the spec table, with measured (not datasheet) numbers.
 
     The peaks are the medians of ``repeats`` (n, n) matmuls, the bandwidth the median read of
-    ``nbytes`` (the figure a datasheet's memory bandwidth corresponds to; default sizes as in
-    ``measure_matmul_flops`` and ``measure_read_bandwidth``); memory is the GPU's memory, or the
-    host's RAM on a CPU. ``source`` lists the three measurements with their spread.
+    ``nbytes`` (default sizes as in ``measure_matmul_flops`` and ``measure_read_bandwidth``): what the
+    cores torch uses can read, which on a CPU is less than a datasheet's chip-wide memory bandwidth when
+    few cores run (each keeps only so many misses in flight); memory is the GPU's memory, or the host's
+    RAM on a CPU. ``source`` lists the three measurements with their spread.
     """
     dev = torch.device(device) if device is not None else runtime.device()
     bf16 = measure_matmul_flops("bf16", n, device=dev, repeats=repeats)
