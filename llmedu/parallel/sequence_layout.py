@@ -5,7 +5,8 @@ sequence into 2N chunks and gives rank r chunks r and 2N - 1 - r, an early and a
 under a causal mask every rank has the same work (Llama 3's context parallelism, Dubey et al. 2024).
 ``split_sequence``/``merge_sequence`` move between the full sequence and the ranks' pieces (also for
 RoPE's positions: ``split_sequence(torch.arange(T), ...)``); ``tiles`` lists the (query chunk, key
-chunk) tiles one rank computes against another's keys, skipping those wholly in the future.
+chunk) tiles one rank computes against another's keys, skipping those wholly in the future;
+``work_per_rank`` and ``ring_bytes_sent`` count the ring's schedule (``context_parallel.py`` runs it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ __all__ = [
     "zigzag_split",
     "zigzag_merge",
     "tiles",
+    "work_per_rank",
+    "ring_bytes_sent",
 ]
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -94,3 +97,20 @@ def tiles(rank: int, src: int, world: int, layout: str, causal: bool) -> Iterato
             if causal and k_id > q_id:
                 continue  # every key of the chunk is in the future of every query: never computed
             yield a, b, causal and k_id == q_id
+
+
+def work_per_rank(seq_len: int, world: int, layout: str = "contiguous", causal: bool = True) -> list[int]:
+    """Tiles each rank computes in one forward (backward: the same): the schedule, counted, not timed.
+
+    A tile is (T/N)^2 scores in the contiguous layout and (T/2N)^2 in the zig-zag one.
+    """
+    n_chunks(seq_len, world, layout)
+    return [
+        sum(1 for s in range(world) for _ in tiles(r, (r - s) % world, world, layout, causal)) for r in range(world)
+    ]
+
+
+def ring_bytes_sent(batch: int, heads: int, seq_len: int, head_dim: int, world: int, bytes_per: int = 4) -> int:
+    """Bytes one rank sends in one forward of ring attention: N - 1 steps, each a K and a V block (B, H, T/N, D)."""
+    n_chunks(seq_len, world, "contiguous")
+    return (world - 1) * 2 * batch * heads * (seq_len // world) * head_dim * bytes_per
