@@ -98,6 +98,8 @@ def test_missing_clock_and_missing_dtype_raise():
         peak.datasheet_peak(cpuinfo=cpuinfo(mhz=None), cpus={0, 1})
     with pytest.raises(peak.PeakUnknown, match="no native fp16"):
         peak.datasheet_peak(torch.float16, cpuinfo=cpuinfo(), cpus={0, 1})
+    with pytest.raises(peak.PeakUnknown, match="cpu family 'x'"):
+        peak.datasheet_peak(cpuinfo=cpuinfo(family="x"), cpus={0, 1})
     with pytest.raises(peak.PeakUnknown, match="none of the CPUs"):
         peak.datasheet_peak(cpuinfo=cpuinfo(), cpus={7})
 

@@ -163,6 +163,10 @@ def datasheet_peak(dtype: str | torch.dtype = torch.float32, *, cpuinfo: str | N
     if missing:
         raise PeakUnknown(f"/proc/cpuinfo has no {missing} for CPU 0 (an x86 Linux field); cannot name the core")
     flags = set(first["flags"].split())
+    if not (first["cpu family"].isdigit() and first["model"].isdigit()):
+        raise PeakUnknown(
+            f"/proc/cpuinfo's cpu family {first['cpu family']!r} and model {first['model']!r} are not numbers"
+        )
     kind, fp32 = _core_kind(first["vendor_id"], int(first["cpu family"]), int(first["model"]), flags)
     per_cycle, kind = _per_cycle(name, fp32, flags, kind)
     clock_hz, source = _clock(first)
