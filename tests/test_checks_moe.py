@@ -5,8 +5,6 @@ import math
 import torch
 
 from llmedu.checks.moe import check_all_to_all_bytes, check_dropped, check_moe_parameters, check_router
-from llmedu.nn.moe import load_balancing_loss
-from llmedu.parallel.experts import all_to_all_bytes
 
 
 def _dropped(choices, n_experts, capacity_factor, token_major=False, floor=False):
@@ -53,7 +51,9 @@ def _router(logits, top_k, renormalize=True, per_token=False):
     probs = logits.softmax(-1)
     top_p, experts = probs.topk(top_k, dim=-1)
     gates = top_p / top_p.sum(-1, keepdim=True) if renormalize else top_p
-    aux = load_balancing_loss(probs, experts, logits.shape[-1]) * (top_k if per_token else 1)
+    n, e = logits.shape
+    f = torch.bincount(experts.reshape(-1), minlength=e).double() / (n * top_k)  # share of the assignments
+    aux = e * (f * probs.mean(0)).sum() * (top_k if per_token else 1)
     return experts, gates, aux
 
 
@@ -83,6 +83,6 @@ def _bytes(kept, rank, d, v, own=False, combine=True):
 
 def test_check_all_to_all_bytes():
     assert check_all_to_all_bytes(_bytes)
-    assert check_all_to_all_bytes(lambda k, r, d, v: all_to_all_bytes(torch.tensor(k), r, d, v))
+    # the library's all_to_all_bytes gives the right number the wrong way: tests/test_graders_21.py
     assert not check_all_to_all_bytes(lambda k, r, d, v: _bytes(k, r, d, v, own=True))  # own rows never leave
     assert not check_all_to_all_bytes(lambda k, r, d, v: _bytes(k, r, d, v, combine=False))  # results come back

@@ -11,17 +11,32 @@ check_router(fn)             fn(logits, top_k) -> (experts, gates, aux_loss): so
                              renormalised over the k, Switch's load-balancing loss E * sum_i f_i P_i
 check_all_to_all_bytes(fn)   fn(kept, rank, d_model, bytes_per_value) -> bytes rank sends to other
                              ranks in one forward pass: counts (int64), dispatch and combine
+
+Each exercise asks for a rule worked out by hand, so each grader fails an answer that asks the library
+instead (``assign``, ``load_balancing_loss``, a model built and counted, ``all_to_all_bytes``).
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 
-from llmedu.checks.core import CheckResult, Grader
+from llmedu.checks.core import CheckResult, Grader, call_watching
 
 __all__ = ["check_dropped", "check_moe_parameters", "check_router", "check_all_to_all_bytes"]
+
+_LIBRARY = Path(__file__).resolve().parent.parent  # llmedu/
+
+
+def _by_hand(g: Grader, fn, args: tuple, folder: Path, what: str, exempt=lambda code: False):
+    """``fn(*args)``, failing the check when it calls a function of the library under ``folder``."""
+    got, called = call_watching(g, fn, args, folder, exempt)
+    if called is not None:
+        g.expect(what, False, f"your function calls the library's {called}: work it out yourself")
+    return got
+
 
 _ROUTINGS = [  # (choices (N, k), E, capacity factor)
     ([[0], [0], [0], [0], [1], [0]], 2, 1.0),
@@ -48,7 +63,7 @@ def check_dropped(fn) -> CheckResult:
     """Grade ``fn(choices, n_experts, capacity_factor) -> (capacity, sorted dropped (token, j) pairs)``."""
     g = Grader("check_dropped")
     for choices, n_experts, cf in _ROUTINGS:
-        got = g.call(fn, [list(c) for c in choices], n_experts, cf)
+        got = _by_hand(g, fn, ([list(c) for c in choices], n_experts, cf), _LIBRARY / "nn", "the capacity rule")
         if isinstance(got, tuple) and len(got) == 2:
             got = (got[0], [tuple(p) for p in got[1]])
         g.compare(f"choices={choices}, E={n_experts}, capacity factor {cf}", got, _dropped(choices, n_experts, cf))
@@ -90,7 +105,8 @@ def check_moe_parameters(fn) -> CheckResult:
         config, expected = _mixtral_shaped(*shape), _counted(shape)
         d, layers, _, _, d_ff, vocab, experts, k = shape
         what = f"d={d}, layers={layers}, d_ff={d_ff}, vocab={vocab}, E={experts}, k={k}"
-        got = g.call(fn, config)
+        # reading the config (its properties, in config.py) is allowed; building and counting a model is not
+        got = _by_hand(g, fn, (config,), _LIBRARY / "models", what, lambda code: code.co_filename.endswith("config.py"))
         g.compare(what, tuple(got) if isinstance(got, (list, tuple)) else got, expected)
     return g.result()
 
@@ -110,7 +126,7 @@ def check_router(fn) -> CheckResult:
     gen = torch.Generator().manual_seed(0)
     for n, e, k in [(6, 4, 2), (10, 8, 2), (5, 4, 1), (7, 3, 3)]:
         logits = torch.randn(n, e, generator=gen, dtype=torch.float64) * 2
-        got = g.call(fn, logits.clone(), k)
+        got = _by_hand(g, fn, (logits.clone(), k), _LIBRARY / "nn", f"N={n} tokens, E={e}, top-{k}")
         experts, gates, aux = _router(logits, k)
         if isinstance(got, tuple) and len(got) == 3:
             got = (got[0], got[1], float(got[2]))
@@ -134,5 +150,6 @@ def check_all_to_all_bytes(fn) -> CheckResult:
     for kept, d, v in _KEPT:
         for rank in range(len(kept)):
             expected = all_to_all_bytes(torch.tensor(kept), rank, d, v)
-            g.compare(f"kept={kept}, rank {rank}, d={d}, {v} bytes", g.call(fn, kept, rank, d, v), expected)
+            what = f"kept={kept}, rank {rank}, d={d}, {v} bytes"
+            g.compare(what, _by_hand(g, fn, (kept, rank, d, v), _LIBRARY / "parallel", what), expected)
     return g.result()
