@@ -64,7 +64,11 @@ class IVFIndex:
         return self.centroids is not None and (self.pq is None or self.pq.is_trained)
 
     def nbytes(self) -> int:
-        """Bytes of what the lists store (codes or float32 vectors), ids and centroids not counted."""
+        """Bytes of the stored vectors: 4 d per float32 vector, or ``pq.code_bytes()`` per PQ code, packed as
+        FAISS stores them (our lists keep one uint8 per sub-code in memory: M bytes, a simplification).
+        Ids, centroids and codebooks not counted."""
+        if self.pq is not None:
+            return self.ntotal * self.pq.code_bytes()
         return sum(v.numel() * v.element_size() for v in self.lists)
 
     def train(self, x, n_iter: int = 10, seed: int = 0) -> None:

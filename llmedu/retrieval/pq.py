@@ -13,9 +13,8 @@ the approximate distance to a stored vector is then M table look-ups and adds:
     q . x_hat   = sum_j  T_ip[j, c_j]       T_ip[j, c] = q_j . C_j[c]
     ||q - x_hat||^2 = sum_j T_l2[j, c_j]    T_l2[j, c] = ||q_j - C_j[c]||^2
 
-Left out: FAISS's packed codes for nbits other than 8 (we keep one uint8 per sub-vector, so the
-stored bytes are M whatever nbits <= 8 is; ``code_bytes`` gives the packed size), OPQ rotations,
-and polysemous codes.
+Left out: packing the codes in memory (we keep one uint8 per sub-vector; ``code_bytes``, and so
+``IVFIndex.nbytes``, count the packed size FAISS stores), OPQ rotations, and polysemous codes.
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ class ProductQuantizer:
     def is_trained(self) -> bool:
         return self.codebooks is not None
 
-    def code_bytes(self) -> float:
-        """Bytes of one packed code: M * nbits / 8."""
-        return self.M * self.nbits / 8
+    def code_bytes(self) -> int:
+        """Bytes of one packed code: M * nbits / 8, rounded up to whole bytes (FAISS's ``code_size``)."""
+        return -(-self.M * self.nbits // 8)
 
     def _check_trained(self) -> None:
         if not self.is_trained:
