@@ -40,21 +40,36 @@ from ..train import TrainConfig, train
 from ..train.schedules import warmup_linear
 
 __all__ = ["Variant", "Run", "COLLAPSE_MARGIN", "unigram_loss", "same_state", "collapsed", "train_run", "run_grid"]
-__all__ += ["collapse_counts"]
+__all__ += ["collapse_counts", "first_step_below", "build_model"]
 
 COLLAPSE_MARGIN = 0.1  # nats/token below the no-context baseline that a run must reach to count as learning
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A norm placement (``pre``, ``post``, ``deepnorm``) and ``warmup`` steps of linear warm-up (0: none)."""
+    """A norm placement (``pre``, ``post``, ``deepnorm``) and how it is trained.
+
+    ``warmup``: steps of linear warm-up (0: none). ``lr``: this variant's learning rate (None: the grid's).
+    ``scaled_init=False``: ``o_proj`` and ``down_proj`` start at ``init_std`` like every other matrix, without
+    GPT-2's 1/sqrt(2L) (a control for it; DeepNorm has an initialisation of its own, so it keeps it).
+    """
 
     placement: str
     warmup: int = 0
+    lr: float | None = None
+    scaled_init: bool = True
+
+    def __post_init__(self):
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"Variant({self.placement!r}): lr must be positive or None, got {self.lr}")
+        if not self.scaled_init and self.placement == "deepnorm":
+            raise ValueError("Variant('deepnorm', scaled_init=False): DeepNorm uses DeepNet's initialisation")
 
     @property
     def name(self) -> str:
-        return f"{self.placement} + warm-up {self.warmup}" if self.warmup else self.placement
+        name = self.placement + (f" + warm-up {self.warmup}" if self.warmup else "")
+        name += f" at lr {self.lr:g}" if self.lr is not None else ""
+        return name + ("" if self.scaled_init else ", init 0.02")
 
 
 @dataclass
@@ -91,6 +106,17 @@ def collapsed(valid_loss: float, baseline: float, margin: float = COLLAPSE_MARGI
     return not math.isfinite(valid_loss) or valid_loss > baseline - margin
 
 
+def build_model(cfg: TransformerConfig, variant: Variant) -> CausalLM:
+    """``cfg`` with ``variant``'s placement, initialised as the variant says (from the current RNG state)."""
+    model = CausalLM(dataclasses.replace(cfg, norm_placement=variant.placement))
+    if not variant.scaled_init:  # undo GPT-2's 1/sqrt(2L) on the projections into the residual stream
+        with torch.no_grad():
+            for block in model.transformer.blocks:
+                for proj in (block.attn.o_proj, block.mlp.down_proj):
+                    proj.weight.normal_(0.0, cfg.init_std)
+    return model
+
+
 def train_run(
     cfg: TransformerConfig,
     variant: Variant,
@@ -100,14 +126,14 @@ def train_run(
     held_out: torch.Tensor,
     seed: int,
 ) -> Run:
-    """Train ``cfg`` with ``variant``'s placement under Adam at ``lr``, warmed up as ``variant`` says."""
+    """Train ``cfg`` with ``variant``'s placement under Adam at ``lr`` (or the variant's), as ``variant`` says."""
     if variant.warmup >= steps:
         raise ValueError(f"{variant.name}: the warm-up ({variant.warmup} steps) must be shorter than the run ({steps})")
     runtime.seed_everything(seed)  # the seed sets the initialisation; batches(i) is the same in every run
-    model = CausalLM(dataclasses.replace(cfg, norm_placement=variant.placement)).to(held_out.device)
+    model = build_model(cfg, variant).to(held_out.device)
     schedule = warmup_linear(variant.warmup, steps, final=1.0) if variant.warmup else None
     config = TrainConfig(max_steps=steps, progress=False, schedule=schedule)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=variant.lr if variant.lr is not None else lr)
     try:
         curve = train(model, optimizer, batches, lambda m, ids: lm_loss(m(ids), ids), config)["loss"]
     except FloatingPointError:  # a non-finite loss stops the trainer: the run counts as collapsed
@@ -140,3 +166,14 @@ def collapse_counts(runs: list[Run], baseline: float, margin: float = COLLAPSE_M
         bad, total = counts.get((run.variant, run.n_layers), (0, 0))
         counts[run.variant, run.n_layers] = (bad + collapsed(run.valid_loss, baseline, margin), total + 1)
     return counts
+
+
+def first_step_below(curve: list[float], baseline: float, margin: float = COLLAPSE_MARGIN, window: int = 10):
+    """The first step (1-based) whose moving average over the last ``window`` losses is ``margin`` below
+    ``baseline``; None if the curve never gets there. Reads when a run left the no-context line."""
+    if window < 1 or len(curve) < window:
+        raise ValueError(f"need 1 <= window <= len(curve), got window={window}, {len(curve)} losses")
+    losses = torch.tensor(curve, dtype=torch.float64)
+    means = losses.unfold(0, window, 1).mean(-1)  # means[i]: steps i+1 .. i+window
+    below = (means < baseline - margin).nonzero()
+    return int(below[0, 0]) + window if len(below) else None
