@@ -1,0 +1,104 @@
+"""Lesson 08's graders: each passes the right answer and fails a plausible wrong value and a right value reached
+the wrong way (by running what the exercise asks to predict, or by calling a library Adam step)."""
+
+import math
+
+import torch
+from torch.optim.adam import adam
+
+from llmedu.checks.adamw_fix import check_adamw_fix
+from llmedu.checks.low_precision import (
+    DECAY_CASES,
+    check_decay_ratio,
+    check_dynamic_map_error,
+    measured_decay_ratio,
+)
+from llmedu.optim.quantization_map import dynamic_map
+
+
+# -- exercise 1: coupled against decoupled decay ----------------------------------------------------
+def decay_ratio(w, grad, lr, weight_decay, steps):
+    # coupled: the decay lr * wd * w is divided by sqrt(v_hat) + eps, and v_hat ~ grad^2 + (wd * w)^2
+    return 1 / (math.sqrt(grad**2 + (weight_decay * w) ** 2) + 1e-8)
+
+
+def decay_ratio_by_running(w, grad, lr, weight_decay, steps):
+    """The right ratio, by running the optimizers: the measurement, not a prediction."""
+    return measured_decay_ratio(w, grad, lr, weight_decay, steps)
+
+
+def test_decay_ratio():
+    assert check_decay_ratio(decay_ratio)
+    wrong = check_decay_ratio(lambda w, grad, lr, wd, steps: 1 / grad)  # v_hat from the gradient alone
+    assert not wrong and "too high" in wrong.failure and f"grad={DECAY_CASES[0][1]}" in wrong.failure
+    no_grad = check_decay_ratio(lambda w, grad, lr, wd, steps: 1 / (wd * abs(w)))  # right only when grad << wd * w
+    assert not no_grad and "grad=2.0" in no_grad.failure
+    assert not check_decay_ratio(lambda *args: 1.0)  # "the same decay": the bug would not matter
+    wrong_way = check_decay_ratio(decay_ratio_by_running)
+    assert not wrong_way and "running the two optimizers" in wrong_way.failure
+
+
+def test_decay_ratio_reference_is_a_measurement_the_formula_approximates():
+    for case in DECAY_CASES:  # the prediction is a linearisation: within the grader's 5% on every case
+        assert math.isclose(decay_ratio(*case), measured_decay_ratio(*case), rel_tol=0.05), case
+
+
+# -- exercise 2: the largest relative error of the dynamic map in one decade ------------------------
+def map_error(decade, signed):
+    if decade == 6:
+        return 1.0  # the last decade: the values below its first code's half-way point round to 0
+    bins = 2 ** ((6 if signed else 7) - decade)  # the decade's codes: midpoints of equal bins of [0.1, 1]
+    w = 0.9 / bins  # bin width, in units of 10^-decade
+    inside = (w / 2) / (0.1 + w)  # half-way between the decade's first two codes
+    below = 3 * w / (1 + 2 * w)  # half-way between the next decade's top code and this one's first
+    return max(inside, below)
+
+
+def test_dynamic_map_error():
+    assert check_dynamic_map_error(map_error)
+    half_gap_at_bottom = lambda d, s: 0.45 / 2 ** ((6 if s else 7) - d) / 0.1  # the gap to the decade's bottom edge
+    wrong = check_dynamic_map_error(half_gap_at_bottom)
+    assert not wrong and "decade=3" in wrong.failure and "too high" in wrong.failure
+    inside_only = lambda d, s: (
+        1.0 if d == 6 else (0.45 / 2 ** ((6 if s else 7) - d)) / (0.1 + 0.9 / 2 ** ((6 if s else 7) - d))
+    )
+    wrong = check_dynamic_map_error(inside_only)  # forgets the wider gap down to the next decade's codes
+    assert not wrong and "decade=3" in wrong.failure and "too low" in wrong.failure
+
+    def by_scanning(decade, signed):  # the right number, by building the map and scanning it
+        code = dynamic_map(signed).double()
+        x = torch.logspace(-(decade + 1), -decade, 200_001, dtype=torch.float64)
+        q = code[(x[:, None] - code).abs().argmin(1)]
+        return float(((q - x).abs() / x).max())
+
+    wrong_way = check_dynamic_map_error(by_scanning)
+    assert not wrong_way and "building the map and scanning it" in wrong_way.failure
+
+
+# -- exercise 1's fix: a library Adam step is refused, whatever route reaches it --------------------
+def adam_by_torch_adam(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    p = torch.nn.Parameter(param.clone())
+    opt = torch.optim.Adam(
+        [p], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay, decoupled_weight_decay=True
+    )
+    opt.state[p] = {"step": torch.tensor(float(step - 1)), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
+    p.grad = grad.clone()
+    opt.step()
+    return p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]
+
+
+def adam_by_functional(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    param, exp_avg, exp_avg_sq = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
+    adam(
+        [param], [grad], [exp_avg], [exp_avg_sq], [], [torch.tensor(float(step - 1))],
+        decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
+        weight_decay=weight_decay, eps=eps, maximize=False,
+    )  # fmt: skip
+    return param, exp_avg, exp_avg_sq
+
+
+def test_adamw_fix_refuses_every_route_into_torch_optim():
+    for route, name in [(adam_by_torch_adam, "torch.optim.Adam"), (adam_by_functional, "torch.optim.adam.adam")]:
+        result = check_adamw_fix(route)
+        assert not result, name  # the values are right: only the method fails it
+        assert "library Adam step" in result.failure and "torch.optim" in result.failure, result.failure
