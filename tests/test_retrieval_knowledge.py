@@ -126,3 +126,12 @@ def test_size_to_reach_extrapolates_a_log_line():
     assert size_to_reach(sizes, [2.0, 2.0, 2.1], 1.0) is None  # the loss does not fall with size
     with pytest.raises(ValueError, match="two"):
         size_to_reach([10], [1.0], 0.5)
+
+
+def test_knowledge_update_unigram_is_the_added_text_byte_frequencies(setup):
+    """The unigram line counts the added documents' scored bytes, add-one, and scores the evaluated bytes."""
+    model, a, b_other, b_eval = setup
+    got = knowledge_update(model, a, b_other, b_eval, m=M, lams=(0.0,)).unigram
+    counts = torch.bincount(chunk_pairs(b_other, M)[0][:, M:].flatten(), minlength=256).double() + 1
+    expected = -(counts / counts.sum()).log()[chunk_pairs(b_eval, M)[0][:, M:]].mean().item()
+    assert got == pytest.approx(expected, rel=1e-12)

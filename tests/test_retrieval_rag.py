@@ -118,3 +118,17 @@ def test_lr_sweep_rejects_an_empty_list_or_dev_split():
         sweep_learning_rate(_tiny_lm, rows, rows, 8, 1, [0.0])
     with pytest.raises(ValueError, match="dev split is empty"):
         sweep_learning_rate(_tiny_lm, rows, rows[:0], 8, 1, [1e-3])
+
+
+def test_neighbour_coverage_counts_each_rows_own_neighbours():
+    """A row whose neighbour holds its next chunk is covered; one whose neighbours are unrelated is not."""
+    from llmedu.retrieval.rag import neighbour_coverage
+
+    m, k = 8, 1
+    text = torch.arange(10, 10 + 2 * m)  # the row's query and next chunk
+    copied = torch.cat([text, text])  # neighbour = the same 2m bytes
+    unrelated = torch.cat([torch.full((2 * m,), 200), text])
+    got = neighbour_coverage(torch.stack([copied, unrelated]), k, m, n=4)
+    assert got.tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="2\\(k\\+1\\)m"):
+        neighbour_coverage(torch.stack([copied, unrelated]), 2, m)

@@ -120,6 +120,7 @@ class UpdateResult:
     keys_before: int
     keys_after: int
     n_eval: int  # scored bytes
+    unigram: float  # the scored bytes under the byte frequencies of the added documents (add-one): no context at all
 
     @property
     def lm_alone(self) -> float:
@@ -177,7 +178,14 @@ def knowledge_update(
         keys_before=len(old_keys),
         keys_after=len(old_keys) + len(new_keys),
         n_eval=eval_rows.shape[0] * m,
+        unigram=_unigram_loss(eval_rows[:, -m:], new_rows[:, -m:]),
     )
+
+
+def _unigram_loss(scored: torch.Tensor, text: torch.Tensor) -> float:
+    """Mean -log p(byte) of ``scored`` under the add-one byte frequencies of ``text`` (nats/byte)."""
+    counts = torch.bincount(text.flatten(), minlength=256).double() + 1
+    return -(counts / counts.sum()).log()[scored].mean().item()
 
 
 def lm_loss(model: CausalLM, rows: torch.Tensor, m: int, batch: int = 64) -> float:

@@ -33,6 +33,7 @@ from ..models.counting import flops_per_token, matmul_parameters
 from ..models.gpt import CausalLM
 from ..train import TrainConfig, train
 from .datastore import ChunkStore
+from .knowledge import ngram_coverage
 
 __all__ = [
     "make_examples",
@@ -42,6 +43,7 @@ __all__ = [
     "LRSweep",
     "sweep_learning_rate",
     "flops_per_predicted_token",
+    "neighbour_coverage",
 ]
 
 
@@ -144,3 +146,14 @@ def sweep_learning_rate(
 def flops_per_predicted_token(model: CausalLM, seq_len: int, m: int) -> float:
     """Forward FLOPs of one input of ``seq_len`` tokens, divided by the m tokens it predicts."""
     return flops_per_token(model.config, matmul_parameters(model), seq_len, training=False) * seq_len / m
+
+
+def neighbour_coverage(inputs: torch.Tensor, k: int, m: int, n: int = 8) -> torch.Tensor:
+    """(rows,) for each row of ``make_examples`` (rows, 2(k+1)m): the fraction of its m scored bytes whose
+    n-gram (the byte and the n - 1 before it) occurs in the row's own k neighbours: how much of what it must
+    predict its neighbours show it."""
+    if inputs.dim() != 2 or inputs.shape[1] != 2 * (k + 1) * m:
+        raise ValueError(f"inputs must be (rows, 2(k+1)m) = (rows, {2 * (k + 1) * m}), got {tuple(inputs.shape)}")
+    return torch.tensor(
+        [ngram_coverage(row[None, -2 * m :], row[: 2 * k * m].view(k, 2 * m), n, last=m) for row in inputs]
+    )
