@@ -5,13 +5,13 @@ import math
 
 import torch
 
+from llmedu.checks.loss_scaling import _measured_skipped_steps, check_skipped_steps
 from llmedu.checks.precision import (
     check_adam8bit_state_bytes,
     check_adamw_fix,
     check_additions_to_stall,
     check_float_format,
     check_fp8_underflow,
-    check_skipped_steps,
 )
 from llmedu.optim import AdamW8bit, adamw_update_, quantize_blockwise, state_bytes
 from llmedu.optim.quantization_map import dynamic_map
@@ -89,6 +89,30 @@ def test_float_format():
     wrong_way = check_float_format(format_by_lookup)
     assert not wrong_way and "torch.finfo and FORMATS are the answer key" in wrong_way.failure
     assert FORMATS and torch.finfo(torch.float16).max == 65504  # the grader put both back
+    tabled = check_float_format(format_from_a_precomputed_table)
+    assert not tabled and "E6M9" in tabled.failure
+
+
+TABLE = {}  # (e, m, ieee) -> the range, read off torch.finfo and FORMATS *before* the grader runs
+for _dtype, _key in [(torch.float32, (8, 23, True)), (torch.bfloat16, (8, 7, True)), (torch.float16, (5, 10, True))]:
+    _fi = torch.finfo(_dtype)
+    TABLE[_key] = (_fi.max, _fi.smallest_normal, _fi.smallest_normal * _fi.eps)
+for _f in FORMATS.values():
+    TABLE[_f.exponent_bits, _f.mantissa_bits, not _f.saturates] = (_f.max, _f.min_normal, _f.min_subnormal)
+TABLE[8, 10, True] = (2.0**127 * (2 - 2.0**-10), 2.0**-126, 2.0**-136)
+
+
+def format_from_a_precomputed_table(e, m, ieee):
+    """Every known format looked up in a dict filled outside the function: switching finfo off does not stop it."""
+    return TABLE[e, m, ieee]
+
+
+def test_float_format_reference_decodes_known_formats_as_finfo_does():
+    from llmedu.checks.precision import _decoded_range
+
+    assert _decoded_range(5, 10, True) == TABLE[5, 10, True]
+    assert _decoded_range(8, 7, True) == TABLE[8, 7, True]
+    assert _decoded_range(4, 3, False) == TABLE[4, 3, False] and _decoded_range(5, 2, True) == TABLE[5, 2, True]
 
 
 def test_float_format_refuses_the_table_of_formats_too():
@@ -133,9 +157,27 @@ def skipped_by_grad_scaler(init_scale, growth_interval, overflow_scale, n_steps)
     return skipped
 
 
+def skipped_by_closed_form(init_scale, growth_interval, overflow_scale, n_steps):
+    """The halvings down from the guess, the climb back to the line, then one skip every growth_interval + 1 steps."""
+    scale, halvings = init_scale, 0
+    while scale >= overflow_scale:  # every step at or above the line is skipped and halves S
+        scale, halvings = scale / 2, halvings + 1
+    if n_steps <= halvings:
+        return n_steps
+    doublings = 0
+    while scale * 2**doublings < overflow_scale:  # clean streaks needed to reach the line again
+        doublings += 1
+    climb = doublings * growth_interval + 1  # the clean steps up, and the first probe
+    if n_steps - halvings < climb:
+        return halvings
+    return halvings + 1 + (n_steps - halvings - climb) // (growth_interval + 1)  # probe, halve, one streak back
+
+
 def test_skipped_steps():
-    assert check_skipped_steps(skipped_by_the_rules)
-    strict = lambda s0, g, line, n: skipped_by_the_rules(s0, g, line * 2, n)  # overflow only *above* the line
+    assert check_skipped_steps(skipped_by_closed_form)
+    replayed = check_skipped_steps(skipped_by_the_rules)  # right on every small case: only the time limit fails it
+    assert not replayed and "n_steps=1,000,000,000,000" in replayed.failure and "more than 2 s" in replayed.failure
+    strict = lambda s0, g, line, n: skipped_by_closed_form(s0, g, line * 2, n)  # overflow only *above* the line
     assert not check_skipped_steps(strict)
     # a plausible closed form: the halvings to get under the line, then one skip per growth_interval steps
     first = lambda s0, line: max(0, math.ceil(math.log2(s0 / line)) + (s0 >= line and s0 == line))
@@ -145,6 +187,21 @@ def test_skipped_steps():
     wrong_way = check_skipped_steps(skipped_by_grad_scaler)
     assert not wrong_way and "running GradScaler or LossScaler" in wrong_way.failure
     assert torch.amp.GradScaler("cpu").get_scale() == 2.0**16  # the grader put GradScaler back
+
+
+def test_skipped_steps_reference_counts_out_a_measured_cycle():
+    """The grader replays GradScaler until its state repeats and multiplies that cycle out: a full replay agrees."""
+    for args in [
+        (2.0**24, 10, 2.0**20, 600),
+        (2.0**4, 5, 2.0**20, 200),
+        (2.0**16, 3, 2.0**13, 50),
+        (1024.0, 7, 2.0**12, 23),
+        (3.0, 4, 100.0, 157),
+        (2.0**16, 20, 5e4, 1000),
+        (2.0**20, 10, 2.0**20, 7),
+    ]:
+        assert _measured_skipped_steps(*args) == skipped_by_grad_scaler(*args) == skipped_by_the_rules(*args), args
+    assert _measured_skipped_steps(2.0**16, 2000, 5e4, 10**12) == skipped_by_closed_form(2.0**16, 2000, 5e4, 10**12)
 
 
 # -- lesson 08, exercise 3: the share of a normal tensor that an fp8 cast sends to 0 --------------
@@ -228,6 +285,12 @@ def adamw_in_place(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps
 
 def test_adamw_fix_accepts_an_in_place_step_with_lerp():
     assert check_adamw_fix(adamw_in_place)
+
+
+def test_headline_case_is_case_1_even_after_method_checks():
+    right_first = lambda v, d: additions_by_grid(v, d) if (v, d) == (0.01, torch.bfloat16) else -1
+    result = check_additions_to_stall(right_first)
+    assert not result and "case 2 of the check" in str(result) and "value=0.001" in result.failure
 
 
 def test_headline_cases_say_only_higher_or_lower():

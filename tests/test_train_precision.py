@@ -61,6 +61,25 @@ def test_fp16_underflow_and_why_scaling_helps():
     assert torch.tensor(70000.0).half().isinf()  # above fp16's max, 65504
 
 
+def test_unscale_refuses_fp16_gradients_and_keeps_fp32_ones():
+    """A true gradient of 2^-30, scaled by 2^16 to 2^-14 (in fp16's range): unscaled in fp16 it would come back 0."""
+    scaled = torch.tensor([2.0**-30 * 2**16])
+    p16 = torch.nn.Parameter(torch.zeros(1, dtype=torch.float16))
+    p16.grad = scaled.half()
+    scaler = LossScaler(init_scale=2.0**16)
+    with pytest.raises(ValueError, match="fp16 gradient of shape"):
+        scaler.unscale_(torch.optim.SGD([p16], lr=1.0))
+    assert p16.grad.item() == 2.0**-14  # refused before anything changed
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):  # as GradScaler does
+        gs = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        gs.scale(torch.zeros(()))
+        gs.unscale_(torch.optim.SGD([p16], lr=1.0))
+    p32 = torch.nn.Parameter(torch.zeros(1))  # the fp32 path: autocast's parameters, or MasterWeights' copies
+    p32.grad = p16.grad.float()
+    assert LossScaler(init_scale=2.0**16).unscale_(torch.optim.SGD([p32], lr=1.0)) is False
+    assert p32.grad.item() == 2.0**-30
+
+
 def test_master_weights_keep_small_updates_that_fp16_rounds_away():
     """w = 1 and 400 updates of -1e-4: fp16 weights cannot move (spacing near 1 is 2^-10 ~ 1e-3),
     fp32 masters accumulate them: 1 - 0.04 = 0.96 up to fp16 rounding of the final copy."""

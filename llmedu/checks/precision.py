@@ -1,16 +1,17 @@
-"""Graders for lessons 07 and 08: accumulation, number formats, loss scaling, fp8 casts, AdamW, 8-bit state.
+"""Graders for lessons 07 and 08: accumulation, number formats, fp8 casts, AdamW, 8-bit state.
+
+Lesson 07's loss-scaling grader, ``check_skipped_steps``, is in ``llmedu.checks.loss_scaling``.
 
 check_stall_point(fn)           fn(value, dtype) -> where a running sum of dtype(value), kept in
                                 dtype, stops growing (bf16, fp16, fp32; ties included)
 check_additions_to_stall(fn)    fn(value, dtype) -> how many additions of dtype(value) change a running
                                 sum kept in dtype before it stalls (bf16, fp16): not stall / value
 check_float_format(fn)          fn(exponent_bits, mantissa_bits, ieee) -> (max, min_normal, min_subnormal)
-                                of a binary float format: fp32, TF32, bf16, fp16, fp8 E5M2 and E4M3
+                                of a binary float format: fp32, TF32, bf16, fp16, fp8 E5M2 and E4M3, and
+                                two formats no table holds (E6M9, E3M4), decoded bit pattern by bit pattern
 check_adam8bit_state_bytes(fn)  fn(numel, block_size, min_8bit_size) -> bytes of ``AdamW8bit``'s state
                                 for one parameter tensor after its first step, as ``state_bytes`` counts
                                 them, counted in Python (no torch call, no quantize_blockwise)
-check_skipped_steps(fn)         fn(init_scale, growth_interval, overflow_scale, n_steps) -> how many steps a
-                                dynamic loss scaler skips when every scale >= overflow_scale overflows
 check_fp8_underflow(fn)         fn(std, fmt, scale) -> the share of N(0, std^2) values that fp8(x * scale)
                                 sends to 0 (the step-0 underflow of delayed scaling)
 check_adamw_fix(fn)             ``check_adamw_step`` for the find-the-bug exercise, refusing library steps
@@ -18,17 +19,16 @@ check_adamw_fix(fn)             ``check_adamw_step`` for the find-the-bug exerci
 For the first case of an exercise (its own question) a wrong answer hears only "too high" or "too low".
 
 The references are the library's (``stall_point``) or measured (a real running sum, ``torch.finfo``,
-``FORMATS``, the state tensors of a real ``AdamW8bit``, ``torch.amp.GradScaler``, ``cast_to_fp8`` on
+``FORMATS``, every bit pattern of a made-up format decoded, the state tensors of a real ``AdamW8bit``, ``cast_to_fp8`` on
 normal quantiles), never a second copy of the formula being tested. The graders also enforce the
 method: an answer that counts by running the thing it should predict (a running sum in the dtype, a
-real ``AdamW8bit``, ``GradScaler``, ``torch.finfo``, a sampled and cast tensor, a library AdamW step)
+real ``AdamW8bit``, ``torch.finfo``, a sampled and cast tensor, a library AdamW step)
 fails with a message that says so.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 
 import torch
@@ -39,14 +39,12 @@ from llmedu.checks.core import CheckResult, Grader
 from llmedu.optim.eight_bit import AdamW8bit, state_bytes
 from llmedu.train.accumulation import stall_point
 from llmedu.train.fp8 import FORMATS, cast_to_fp8
-from llmedu.train.precision import LossScaler
 
 __all__ = [
     "check_stall_point",
     "check_additions_to_stall",
     "check_float_format",
     "check_adam8bit_state_bytes",
-    "check_skipped_steps",
     "check_fp8_underflow",
     "check_adamw_fix",
 ]
@@ -159,26 +157,31 @@ def check_additions_to_stall(fn) -> CheckResult:
         before = len(ops)
         got = g.call(_recorded(fn, ops), value, dtype)
         summed = sorted({op for op in ops if "add" in op or "sum" in op})
-        if not g.expect(
-            f"value={value!r}, dtype={DTYPE_NAMES[dtype]}: the method",
-            not summed,
-            f"your function adds tensors ({', '.join(summed)}): that runs the sum instead of predicting it. "
-            "Reason with the grid in Python floats: torch only to round the value, torch.tensor(value, dtype).item()",
-        ):
+        if summed:  # a method check is a case only when it fails: "case n" then numbers the values asked
+            g.expect(
+                f"value={value!r}, dtype={DTYPE_NAMES[dtype]}: the method",
+                False,
+                f"your function adds tensors ({', '.join(summed)}): that runs the sum instead of predicting it. "
+                "Reason with the grid in Python floats: torch only to round the value, torch.tensor(value, dtype).item()",
+            )
             break
         calls = len(ops) - before  # rounding each partial sum through torch is the running sum again
-        if not g.expect(
-            f"value={value!r}, dtype={DTYPE_NAMES[dtype]}: the method",
-            calls <= MAX_TORCH_OPS_PER_CALL,
-            f"your function made {calls} torch calls for one answer: rounding every partial sum with torch "
-            f"(torch.tensor(s + v, dtype)) runs the sum in the dtype. Round the value once (at most "
-            f"{MAX_TORCH_OPS_PER_CALL} torch calls) and do the grid arithmetic in Python floats",
-        ):
+        if calls > MAX_TORCH_OPS_PER_CALL:
+            g.expect(
+                f"value={value!r}, dtype={DTYPE_NAMES[dtype]}: the method",
+                False,
+                f"your function made {calls} torch calls for one answer: rounding every partial sum with torch "
+                f"(torch.tensor(s + v, dtype)) runs the sum in the dtype. Round the value once (at most "
+                f"{MAX_TORCH_OPS_PER_CALL} torch calls) and do the grid arithmetic in Python floats",
+            )
             break
         compare = _compare_headline if (value, dtype) == cases[0] else Grader.compare
         if not compare(g, f"value={value!r}, dtype={DTYPE_NAMES[dtype]}", got, expected):
             break
     return g.result()
+
+
+UNLISTED_FORMATS = {"E6M9": (6, 9, True), "E3M4": (3, 4, False)}  # made up: no dtype, no datasheet
 
 
 def _format_cases():
@@ -199,10 +202,31 @@ def _format_cases():
     # TF32 (no torch dtype): fp32's exponent with fp16's mantissa; its range is fp32's, to 10 bits
     fi = torch.finfo(torch.float32)
     yield "TF32", (8, 10, True), (2.0**127 * (2 - 2.0**-10), fi.smallest_normal, fi.smallest_normal * 2.0**-10)
+    for name, (e, m, ieee) in UNLISTED_FORMATS.items():  # in no table: only a derivation from the bits answers
+        yield name, (e, m, ieee), _decoded_range(e, m, ieee)
+
+
+def _decoded_range(exponent_bits: int, mantissa_bits: int, ieee: bool) -> tuple[float, float, float]:
+    """(max, min_normal, min_subnormal) of a small format, by decoding every positive bit pattern.
+
+    Exponent field E, mantissa field M: E = 0 is subnormal, 2^(1-bias) * M/2^m; otherwise 2^(E-bias) * (1 + M/2^m).
+    The all-ones exponent is inf/NaN (ieee) or, without ieee, finite except for its all-ones mantissa (NaN).
+    """
+    bias, top, m_max = 2 ** (exponent_bits - 1) - 1, 2**exponent_bits - 1, 2**mantissa_bits - 1
+    finite, normal = [], []
+    for field_e in range(top + 1):
+        for field_m in range(m_max + 1):
+            if field_e == top and (ieee or field_m == m_max):
+                continue  # inf or NaN
+            if field_e == 0:
+                finite.append(2.0 ** (1 - bias) * field_m / 2**mantissa_bits)
+            else:
+                normal.append(2.0 ** (field_e - bias) * (1 + field_m / 2**mantissa_bits))
+    return max(normal), min(normal), min(v for v in finite if v > 0)
 
 
 def check_float_format(fn) -> CheckResult:
-    """Grade ``fn(exponent_bits, mantissa_bits, ieee)`` on six formats against ``torch.finfo`` and ``FORMATS``."""
+    """Grade ``fn(exponent_bits, mantissa_bits, ieee)`` on six known formats and two that no table holds."""
     g = Grader("check_float_format")
     cases = list(_format_cases())
     saved_formats = dict(FORMATS)
@@ -216,7 +240,11 @@ def check_float_format(fn) -> CheckResult:
                 FORMATS.update(saved_formats)
         if g.failure is not None:  # it raised: perhaps it looked a format up
             if "NotImplementedError" not in g.failure:
-                g.failure += f" (torch.finfo and FORMATS are switched off while your function runs: {reason})"
+                g.failure = f"{name} (exponent_bits={args[0]}, mantissa_bits={args[1]}, ieee={args[2]}): {g.failure}"
+                hint = (
+                    f"{name} is in no table" if name in UNLISTED_FORMATS else "torch.finfo and FORMATS are switched off"
+                )
+                g.failure += f" ({hint}: {reason})"
             break
         if not g.expect(
             f"{name} (exponent_bits={args[0]}, mantissa_bits={args[1]}, ieee={args[2]})",
@@ -262,48 +290,6 @@ def check_adam8bit_state_bytes(fn) -> CheckResult:
         ):
             break
         if not g.compare(f"numel={numel:,}, block_size={block_size}, min_8bit_size={min_8bit_size}", got, expected):
-            break
-    return g.result()
-
-
-# -- loss scaling: predict the skipped steps ---------------------------------------------------------
-def _measured_skipped_steps(init_scale: float, growth_interval: int, overflow_scale: float, n_steps: int) -> int:
-    """Replay ``torch.amp.GradScaler`` on a gradient that is inf exactly when the scale is >= overflow_scale."""
-    p = torch.nn.Parameter(torch.ones(1))
-    opt = torch.optim.SGD([p], lr=0.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    skipped = 0
-    for _ in range(n_steps):
-        scaler.scale(torch.zeros(()))  # what a training step does first (it creates GradScaler's scale tensor)
-        scale = scaler.get_scale()
-        p.grad = torch.full((1,), math.inf if scale >= overflow_scale else scale)  # the scaled gradient
-        before = p.detach().clone()
-        scaler.step(opt)
-        scaler.update()
-        skipped += int(scale >= overflow_scale and torch.equal(before, p.detach()))
-    return skipped
-
-
-def check_skipped_steps(fn) -> CheckResult:
-    """Grade ``fn(init_scale, growth_interval, overflow_scale, n_steps)`` against a replayed ``GradScaler``."""
-    g = Grader("check_skipped_steps")
-    reason = "predict the count; running GradScaler or LossScaler is the measurement the grader makes"
-    cases = [
-        (2.0**24, 10, 2.0**20, 600),  # the board of the lesson, with a fixed overflow line
-        (2.0**4, 5, 2.0**20, 200),  # a low first guess: 80 clean steps of growth before the first overflow
-        (2.0**20, 10, 2.0**20, 100),  # the guess is the line itself: one skip, then the probing
-        (2.0**16, 2000, 2.0**20, 5000),  # GradScaler's default interval: it never reaches the line
-        (2.0**16, 3, 2.0**13, 50),  # a short interval: a skip in every 4 steps once settled
-        (1024.0, 7, 2.0**12, 23),  # the run ends in the middle of a clean streak
-    ]
-    for args in cases:
-        expected = _measured_skipped_steps(*args)
-        with _refusing(reason, (torch.amp.GradScaler, "__init__"), (LossScaler, "__init__")):
-            got = g.call(fn, *args)
-        init, interval, line, n = args
-        description = f"init_scale=2^{math.log2(init):g}, growth_interval={interval}, "
-        description += f"overflow_scale=2^{math.log2(line):g}, n_steps={n}"
-        if not (_compare_headline if args == cases[0] else Grader.compare)(g, description, got, expected):
             break
     return g.result()
 

@@ -13,9 +13,12 @@ Micikevicius et al. 2018, "Mixed Precision Training", train in 16 bits with thre
    before the update undoes it. Too large an S overflows to inf, so the *dynamic* scaler
    (``LossScaler``) halves S and skips the step when a gradient is inf/NaN, and doubles S after
    ``growth_interval`` clean steps: S rides just below the overflow line.
-3. **fp32 accumulation** of matmul products and of reductions (softmax, norms, the loss): the
-   hardware does the first, autocast's per-op rules the rest (CUDA's lists keep softmax, norms and
-   losses in fp32; the CPU's bf16 lists keep the loss in fp32 but not softmax or layer_norm).
+3. **fp32 accumulation** (the paper's Sec. 3.3, "arithmetic precision"): dot products and large
+   reductions add their terms in fp32 and round once at the end. Matmul units and PyTorch's reduction
+   kernels (sum, softmax, layer_norm) already do so whatever their output dtype; what stalls is a
+   16-bit *buffer* added to again and again (a bf16 ``.grad`` across micro-batches, bf16 weights
+   without a master copy). CUDA's autocast fp32 list (exp, log, pow, softmax, norms, losses) is about
+   range and output precision; the CPU's bf16 list is shorter (softmax and layer_norm return bf16).
 
 bf16 (Google Brain's format, studied for training by Kalamkar et al. 2019) keeps fp32's 8 exponent
 bits and keeps 7 of its 23 mantissa bits (conversion rounds to nearest even): the same range as fp32,
@@ -109,16 +112,25 @@ class LossScaler:
 
     @torch.no_grad()
     def unscale_(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Divide the gradients by S in place; return True if any of them is inf or NaN."""
+        """Divide the (fp32) gradients by S in place; return True if any of them is inf or NaN.
+
+        Call it before clipping: a norm clipped to 1.0 on gradients still scaled by S would clip them S times too hard.
+        """
         if self._found_inf is not None:
             raise RuntimeError("unscale_() was already called for this step; call update() first")
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        for g in grads:  # checked before any gradient changes, as torch.amp.GradScaler.unscale_ refuses them too
+            if g.dtype == torch.float16:
+                raise ValueError(
+                    f"unscale_ got an fp16 gradient of shape {tuple(g.shape)}: dividing it by S = {self.scale_value:g} "
+                    "in fp16 loses again every true gradient below fp16's range (2^-24), undoing the scaling. Give the "
+                    "optimizer fp32 parameters (autocast keeps them fp32), or call MasterWeights.grads_to_master() first"
+                )
         inv_scale = 1.0 / self.scale_value
         finite = True
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.grad.mul_(inv_scale)
-                    finite = finite and bool(torch.isfinite(p.grad).all())
+        for g in grads:
+            g.mul_(inv_scale)  # in fp32: a scaled 2^-14 comes back as 2^-30, which fp32 holds
+            finite = finite and bool(torch.isfinite(g).all())
         self._found_inf = not finite
         return self._found_inf
 
