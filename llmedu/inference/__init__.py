@@ -4,6 +4,7 @@ block_allocator   BlockAllocator: a free list and reference counts over KV block
 paged_attention   PagedKVCache (block tables, fork, copy-on-write), gather_kv, paged_attention,
                   paged_attention_blockwise (K/V read block by block through the table),
                   PagedBatch (lets an unmodified model decode with the paged cache)
+ragged            decode_step: one forward pass for sequences of different lengths (a position per row)
 batching          ContinuousBatcher: iteration-level scheduling of Requests over the paged cache
 kv_waste          used / reserved / fragmented slots: paged blocks vs contiguous reservations
 """
@@ -11,6 +12,7 @@ kv_waste          used / reserved / fragmented slots: paged blocks vs contiguous
 from .batching import ContinuousBatcher, Request
 from .block_allocator import BlockAllocator, OutOfBlocks
 from .paged_attention import PagedBatch, PagedKVCache, gather_kv, paged_attention, paged_attention_blockwise
+from .ragged import RaggedPagedBatch, decode_step
 
 __all__ = [
     "BlockAllocator",
@@ -18,7 +20,9 @@ __all__ = [
     "OutOfBlocks",
     "PagedBatch",
     "PagedKVCache",
+    "RaggedPagedBatch",
     "Request",
+    "decode_step",
     "gather_kv",
     "paged_attention",
     "paged_attention_blockwise",

@@ -21,9 +21,9 @@ does for one sequence, so the tokens do not depend on what else shares the batch
 memory, and holds the slab until it finishes. Its tokens still live in blocks, so it is spared the external fragmentation of a real
 contiguous cache; only its admission rule differs, which is what decides how many sequences share a step.
 
-A model of the course takes one position for a whole batch (``Transformer.forward`` reads it from
-``cache.length``), so step 3 runs one forward pass per group of sequences of equal length. vLLM's
-model takes a position per token and runs all of them in one pass.
+Step 3 is one forward pass for every running sequence, whatever their lengths: ``ragged.decode_step`` gives
+each row its own position and masks the keys past its own length, as vLLM's model takes a position per token.
+A prompt is prefilled in a pass of its own when it is admitted.
 
 Left out: swapping preempted sequences to CPU memory, chunked prefill, and beam search.
 """
@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .paged_attention import PagedBatch, PagedKVCache
+from .ragged import decode_step
 
 __all__ = ["Request", "ContinuousBatcher"]
 
@@ -199,26 +200,23 @@ class ContinuousBatcher:
                 self.reserved -= self._slab(requests[victim.request])  # never needed with ``reserve``
                 self.preemptions += 1
                 waiting.appendleft([victim])  # recomputed from its tokens when blocks are free again
-            # 3. decode one token per running sequence, a forward pass per group of equal length
-            by_length: dict[int, list[_Sequence]] = {}
-            for seq in running:
-                by_length.setdefault(cache.lengths[seq.id], []).append(seq)
+            # 3. decode one token per running sequence, all of them in one forward pass
             still = []
-            for group in by_length.values():
-                ids = torch.tensor([[s.tokens[-1]] for s in group], device=device)  # (G, 1)
-                logits = model(ids, cache=PagedBatch(cache, [s.id for s in group], 1))[:, -1]  # (G, vocab)
+            if running:
+                logits = decode_step(model, cache, [s.id for s in running], [s.tokens[-1] for s in running])  # (B, V)
                 passes += 1
-                for row, seq in enumerate(group):
+                for row, seq in enumerate(running):
                     finish_or_keep(
                         seq, self._sample(logits[row : row + 1], requests[seq.request], seq.generator), still
                     )
                     made += 1
+            decoded = len(running)
             running = sorted(still, key=lambda s: s.id)  # 4. the finished ones are gone
             record = {
                 "step": step,
                 "running": len(running),
                 "waiting": sum(map(len, waiting)),
-                "decoded": sum(map(len, by_length.values())),  # sequences that took a decoding step together
+                "decoded": decoded,  # sequences that took a decoding step together
                 "tokens": made,  # the decoded ones, and one more for each sequence admitted (from its prompt)
                 "passes": passes,  # forward passes of the model this step
                 "preemptions": self.preemptions,
