@@ -14,7 +14,6 @@ CAPSTONE_WORDS, LESSON_WORDS, CELL_WORDS = 4_500, 3_000, 250
 NOT_YET_DISTILLED = {
     "19_peft",
     "21_mixture_of_experts",
-    "24_retrieval",
 }
 
 

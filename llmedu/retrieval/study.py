@@ -50,7 +50,7 @@ from .knn_lm import KNNLM, build_datastore, interpolate
 from .knowledge import search_flops
 from .rag import evaluate, flops_per_predicted_token, target_loss
 
-__all__ = ["RESULT", "StudyConfig", "train_until_flat", "row_losses", "run_study", "main"]
+__all__ = ["RESULT", "StudyConfig", "train_until_flat", "row_losses", "run_study", "study_report", "main"]
 
 RESULT = Path(__file__).resolve().parents[2] / "data" / "results" / "retrieval_knn_lm_cpu.json"  # what the lesson reads
 
@@ -210,6 +210,58 @@ def run_study(cfg: StudyConfig, log=print) -> dict:
         loss_by_book=by_book,
         against_large={name: _paired(v, large) for name, v in losses.items() if name != "large"},
     )
+
+
+def study_report(study: dict) -> str:
+    """The lesson's table of a result: provenance, training, text budgets, losses against the large LM, verdict."""
+    out = []
+    p = study["provenance"][0]
+    out.append(
+        f"recorded: {p['command']} | {p['date']} | {p['machine']} | {p['threads']} thread(s) | {p['wall_seconds']:.0f} s"
+    )
+    m_s, text = study["config"]["m"], study["text"]
+    for name, t in study["training"].items():
+        out.append(
+            f"{name:5} lr {t['lr']:g}: best dev {t['best_dev']:.3f} at step {t['best_step']} ({t['stopped']}); "
+            f"{t['distinct_rows']:,} distinct training rows drawn = {t['distinct_rows'] * m_s:,} scored bytes"
+        )
+    out.append(
+        f"datastore: {text['datastore_rows']:,} rows = {text['keys']:,} keys (scored bytes), of a pool of "
+        f"{text['training_rows']:,} training rows; {study['datastore']['bytes'] / 1e6:.1f} MB"
+    )
+    tr, search = study["training"], study["datastore"]["search_flops_per_byte"]
+    out.append(
+        f"\n{study['test']['rows']} held-out rows: "
+        + ", ".join(f"{b} {n}" for b, n in zip(study["test"]["books"], study["test"]["rows_per_book"]))
+    )
+    out.append(f"{'model':30} {'params':>9} {'FLOPs/byte':>11} {'loss':>6} {'- large (+- s.e.)':>18}  per book")
+    for name, loss in study["loss"].items():
+        size = "large" if name == "large" else "small"
+        params, flops = (
+            f"{tr[size]['parameters']:,}",
+            tr[size]["flops_per_byte"] + (search if "kNN" in name and not name.endswith(" 0") else 0),
+        )
+        if name == "unigram":
+            params, flops = "", 0
+        d = study["against_large"].get(name)
+        diff = f"{d['difference']:+.3f} +- {d['standard_error']:.3f}" if d else ""
+        out.append(
+            f"{name:30} {params:>9} {flops / 1e6:9.2f} M {loss:6.3f} {diff:>18}  "
+            + " ".join(f"{v:.2f}" for v in study["loss_by_book"][name])
+        )
+    best = min((k for k in study["loss"] if "kNN" in k), key=study["loss"].get)
+    d = study["against_large"][best]
+    verdict = (
+        "below"
+        if d["difference"] + 2 * d["standard_error"] < 0
+        else "above"
+        if d["difference"] - 2 * d["standard_error"] > 0
+        else "not resolved from"
+    )
+    out.append(
+        f"best kNN-LM row ({best}): {verdict} the large LM ({d['difference']:+.3f} +- {d['standard_error']:.3f} nats/byte)"
+    )
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
