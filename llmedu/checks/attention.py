@@ -16,12 +16,14 @@ in ``tiling.py`` and are imported here, where lesson 17 finds them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from ..inference.paged_attention import PagedKVCache, gather_kv
 from ..kernels import flash_attention
 from ..kernels.traffic import counting
-from .core import Grader
+from .core import Grader, call_watching
 from .tiling import check_online_logsumexp, check_tiled_attention
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "check_fork_tables",
     "check_blocks_needed",
 ]
+
+_INFERENCE = Path(__file__).resolve().parent.parent / "inference"  # llmedu/inference/: the paged cache itself
 
 
 def _causal_tiles(Tq: int, Tk: int, block: int) -> int:
@@ -161,13 +165,17 @@ def check_fork_tables(fn):
     """``fn(prompt_len, block_size, n_samples)`` -> {sequence: block table} after: sequence 0 stores a
     prompt of ``prompt_len`` tokens in a fresh pool (free blocks are handed out lowest number first),
     is forked into sequences 1 .. n_samples - 1, then sequences 1, 2, ..., n_samples - 1 and last 0
-    each append one token (copy-on-write where needed)."""
+    each append one token (copy-on-write where needed). Worked out by reasoning: a function that runs
+    ``llmedu.inference`` (``PagedKVCache``, or this module's reference, which runs it) fails."""
     g = Grader("check_fork_tables")
     for prompt_len, block_size, n_samples in [(6, 4, 2), (6, 4, 3), (8, 4, 3), (10, 4, 4), (3, 16, 2), (32, 16, 2)]:
+        case = f"prompt of {prompt_len} tokens, blocks of {block_size}, {n_samples} samples"
         expected = _tables_after_fork(prompt_len, block_size, n_samples)
-        got = g.call(fn, prompt_len, block_size, n_samples)
+        got, called = call_watching(g, fn, (prompt_len, block_size, n_samples), _INFERENCE)
+        if not g.expect(f"{case}: reasoned, not run", called is None, f"your function ran the paged cache ({called})"):
+            break
         got = {int(s): list(t) for s, t in got.items()} if isinstance(got, dict) else got
-        g.compare(f"prompt of {prompt_len} tokens, blocks of {block_size}, {n_samples} samples", got, expected)
+        g.compare(case, got, expected)
     return g.result()
 
 
@@ -179,7 +187,8 @@ def _blocks_needed(length: int, n_new: int, block_size: int, n_blocks: int, last
 
 def check_blocks_needed(fn):
     """``fn(length, n_new, block_size, n_blocks, last_block_shared)`` -> fresh blocks a sequence of
-    ``length`` tokens in ``n_blocks`` blocks takes to append ``n_new`` tokens (a copy-on-write counts)."""
+    ``length`` tokens in ``n_blocks`` blocks takes to append ``n_new`` tokens (a copy-on-write counts). The fix is
+    to the arithmetic: a function that asks ``llmedu.inference`` (``PagedKVCache.blocks_needed``) fails."""
     g = Grader("check_blocks_needed")
     for length, n_new, block_size, n_blocks, shared in [
         (6, 1, 4, 2, False),
@@ -191,11 +200,12 @@ def check_blocks_needed(fn):
         (5, 20, 4, 2, True),
         (15, 1, 16, 1, True),
     ]:
-        got = g.call(fn, length, n_new, block_size, n_blocks, shared)
-        g.compare(
+        case = (
             f"length {length}, {n_new} new tokens, blocks of {block_size}, {n_blocks} blocks held, "
-            f"last block {'shared' if shared else 'private'}",
-            got,
-            _blocks_needed(length, n_new, block_size, n_blocks, shared),
+            f"last block {'shared' if shared else 'private'}"
         )
+        got, called = call_watching(g, fn, (length, n_new, block_size, n_blocks, shared), _INFERENCE)
+        if not g.expect(f"{case}: computed, not asked of the cache", called is None, f"your function called {called}"):
+            break
+        g.compare(case, got, _blocks_needed(length, n_new, block_size, n_blocks, shared))
     return g.result()
