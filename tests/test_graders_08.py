@@ -102,3 +102,18 @@ def test_adamw_fix_refuses_every_route_into_torch_optim():
         result = check_adamw_fix(route)
         assert not result, name  # the values are right: only the method fails it
         assert "library Adam step" in result.failure and "torch.optim" in result.failure, result.failure
+
+
+# -- exercise 3: an answer that samples with numpy instead of predicting ------------------------------
+def test_fp8_underflow_refuses_numpy_sampling():
+    import numpy as np
+
+    from llmedu.checks.precision import check_fp8_underflow
+    from llmedu.train.fp8 import FORMATS
+
+    def by_numpy_sampling(std, fmt, scale):  # close to right, by sampling: an experiment, not a prediction
+        x = np.abs(np.random.default_rng(0).normal(0.0, std * scale, 2_000_000))
+        return float(np.mean(x <= FORMATS[fmt].min_subnormal / 2))
+
+    result = check_fp8_underflow(by_numpy_sampling)
+    assert not result and "torch or numpy" in result.failure and "numpy." in result.failure

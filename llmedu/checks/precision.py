@@ -29,6 +29,7 @@ fails with a message that says so.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -302,6 +303,28 @@ def _measured_underflow(std: float, fmt: str, scale: float, n: int = 1_000_000) 
     return float((cast_to_fp8((x * scale).float(), fmt) == 0).double().mean())
 
 
+def _numpy_recorded(fn, ops: list[str]):
+    """``fn`` with every numpy function it enters appended to ``ops``: Python ones (np.round, np.mean) and C ones
+    (np.random's samplers); a bare ufunc (np.exp) makes no call event and passes unseen."""
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_globals.get("__name__", "").startswith("numpy"):
+            ops.append("numpy." + frame.f_code.co_name)
+        elif event == "c_call":
+            owner = getattr(arg, "__module__", None) or type(getattr(arg, "__self__", None)).__module__
+            if (owner or "").startswith("numpy"):
+                ops.append("numpy." + getattr(arg, "__name__", "?"))
+
+    def call(*args):
+        sys.setprofile(watch)
+        try:
+            return fn(*args)
+        finally:
+            sys.setprofile(None)
+
+    return call
+
+
 def check_fp8_underflow(fn) -> CheckResult:
     """Grade ``fn(std, fmt, scale)`` against casts of normal quantiles with ``cast_to_fp8`` (to 1e-5)."""
     g = Grader("check_fp8_underflow")
@@ -316,11 +339,11 @@ def check_fp8_underflow(fn) -> CheckResult:
     ]
     for std, fmt, scale in cases:
         expected = _measured_underflow(std, fmt, scale)
-        got = g.call(_recorded(fn, ops), std, fmt, scale)
+        got = g.call(_numpy_recorded(_recorded(fn, ops), ops), std, fmt, scale)
         if not g.expect(
             f"std={std:g}, fmt={fmt!r}, scale={scale:g}: the method",
             not ops,
-            f"your function calls torch ({', '.join(sorted(set(ops)))}): predict the share with a formula "
+            f"your function calls torch or numpy ({', '.join(sorted(set(ops)))}): predict the share with a formula "
             "(math.erf), without sampling or casting a tensor",
         ):
             break
