@@ -45,7 +45,18 @@ from ..models.gpt import lm_loss
 from .loop import TrainConfig, train
 from .schedules import warmup_cosine
 
-__all__ = ["StudyConfig", "as_bytes", "model_config", "train_one", "summarise", "common_direction", "run_study"]
+__all__ = [
+    "RESULT",
+    "StudyConfig",
+    "as_bytes",
+    "model_config",
+    "train_one",
+    "summarise",
+    "common_direction",
+    "run_study",
+]
+
+RESULT = Path(__file__).resolve().parents[2] / "data" / "results" / "moe_vs_dense_cpu.json"  # what the lesson reads
 
 
 @dataclass(frozen=True)
@@ -170,7 +181,7 @@ def summarise(runs: list[dict]) -> dict:
 
 def common_direction(x: torch.Tensor) -> float:
     """Mean over rows of cos(x_t, mean of the rows): how much of ``x`` (N, d) is one direction shared by all."""
-    x = x.reshape(-1, x.shape[-1]).float()
+    x = x.detach().reshape(-1, x.shape[-1]).float()
     return torch.nn.functional.cosine_similarity(x, x.mean(0, keepdim=True), dim=-1).mean().item()
 
 
