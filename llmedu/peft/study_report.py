@@ -21,7 +21,9 @@ import math
 import statistics
 from pathlib import Path
 
-__all__ = ["load", "rows", "compare", "table", "merge"]
+__all__ = ["RESULT", "load", "rows", "compare", "table", "merge"]
+
+RESULT = Path(__file__).resolve().parents[2] / "data" / "results" / "peft_protocol_cpu.json"  # lesson 19's table
 
 
 def load(path: str | Path) -> dict:
