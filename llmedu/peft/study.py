@@ -37,6 +37,7 @@ import argparse
 import copy
 import datetime
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -295,7 +296,7 @@ def run_study(cfg: StudyConfig, out: str | Path | None = None, command: str = ""
         )
         runs = result.setdefault("provenance", {}).get("runs", [])
         result["provenance"] = dict(
-            command=command or "python -m llmedu.peft.study " + " ".join(sys.argv[1:]),
+            command=command or "python -m llmedu.peft.study " + shlex.join(sys.argv[1:]),
             commit=_commit(),
             machine=machine(),
             threads=torch.get_num_threads(),
