@@ -206,3 +206,77 @@ def test_probe_in_fp64_reporting_the_fp32_bytes_fails_and_counting_its_own_bytes
         return x.numel() * x.element_size(), timed(x.sum)
 
     assert checks.check_read_probe(fp64_counted, SMALL)
+
+
+# -- the five wrong methods the recorder's own timings and byte ranges catch ----------------------------
+def test_probe_timing_two_reads_per_call_and_counting_one_fails():
+    def twice(nbytes):
+        x = torch.ones(nbytes // 4)
+        return nbytes, timed(lambda: x.sum() + x.sum(), warmup=0)  # 2 reads per timing, 10 reads for 5 timings
+
+    res = checks.check_read_probe(twice, SMALL)
+    assert not res and "more than one read" in res.failure, res.failure
+
+
+def test_probe_reading_untimed_then_timing_a_tiny_op_fails():
+    def elsewhere(nbytes):
+        x = torch.ones(nbytes // 4)
+        for _ in range(6):
+            x.sum()  # the big reads, untimed
+        return nbytes, timed(torch.ones(16).sum)
+
+    res = checks.check_read_probe(elsewhere, SMALL)
+    assert not res and "do not time the sum" in res.failure, res.failure
+
+
+def test_probe_allocating_and_filling_inside_the_timed_region_fails():
+    def fills(nbytes):
+        seconds = []
+        for _ in range(6):
+            start = time.perf_counter()
+            x = torch.ones(nbytes // 4)  # allocated and written inside the timing
+            x.sum()
+            seconds.append(time.perf_counter() - start)
+        return nbytes, seconds[1:]
+
+    res = checks.check_read_probe(fills, SMALL)
+    assert not res and "written again (allocated or filled) before each sum" in res.failure, res.failure
+
+
+def test_probe_filling_a_preallocated_buffer_inside_the_timed_region_fails():
+    def refills(nbytes):
+        x = torch.empty(nbytes // 4)
+        return nbytes, timed(lambda: (x.fill_(1.0), x.sum()))
+
+    res = checks.check_read_probe(refills, SMALL)
+    assert not res and "written again" in res.failure, res.failure
+
+
+def test_probe_on_a_buffer_with_only_its_first_bytes_written_fails():
+    def first_bytes(nbytes):
+        x = torch.empty(nbytes // 4)
+        x[:1024].fill_(1.0)  # one page written: the rest still maps the shared zero page
+        return nbytes, timed(x.sum)
+
+    res = checks.check_read_probe(first_bytes, SMALL)
+    assert not res and "nothing has written" in res.failure and f"{SMALL - 4096:,} of its {SMALL:,}" in res.failure
+
+
+def test_probe_on_a_strided_view_counting_its_elements_fails():
+    def strided(nbytes):
+        b = torch.ones(nbytes // 2)
+        view = b[::2]  # nbytes // 4 elements, spread over 2 * nbytes: every cache line of b is read
+        return view.numel() * 4, timed(view.sum)
+
+    res = checks.check_read_probe(strided, SMALL)
+    assert not res and "strided view" in res.failure, res.failure
+
+
+def test_probe_timing_batches_of_calls_per_repeat_passes():
+    def batched(nbytes):  # seconds per call from batches of 4 calls, as llmedu's _time_calls does
+        x = torch.ones(nbytes // 4)
+        x.sum()
+        return nbytes, [t / 4 for t in timed(lambda: [x.sum() for _ in range(4)], warmup=0)]
+
+    res = checks.check_read_probe(batched, SMALL)
+    assert res, res.failure

@@ -20,16 +20,10 @@ not, small and GPT-3 sized, on both sides of a ridge point; the cases are not th
 from __future__ import annotations
 
 import math
-import statistics
-import time
-from unittest import mock
 
-import torch
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ..hardware import probe, roofline
+from ..hardware import roofline
 from .core import CheckResult, Grader
+from .read_probe import check_read_probe
 
 __all__ = [
     "check_matmul_flops",
@@ -176,110 +170,4 @@ def check_decode_throughput(fn) -> CheckResult:
             if math.isclose(got, expected / batch, rel_tol=1e-6) and batch > 1:
                 g.expect(what, False, f"got {got:.4g}, the steps per second; each step makes {batch} tokens")
         g.compare(what, got, expected, rtol=1e-6)
-    return g.result()
-
-
-# -- a read-bandwidth probe, graded by the ops it runs ----------------------------------------------
-_UNWRITTEN = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")  # outputs hold garbage
-_WRITE_ONLY = ("fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_", "copy_")
-
-
-class _ReadRecorder(TorchDispatchMode):
-    """Which storages were written, and each op that reads a tensor of at least ``nbytes``: (op name, whether
-    every such input was written first, the bytes the op wrote, the bytes of those inputs, i.e. what it read)."""
-
-    def __init__(self, nbytes: int):
-        super().__init__()
-        self.nbytes, self.written, self.big_reads = nbytes, set(), []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        read_args = args[1:] if name in _WRITE_ONLY else args  # a fill_ or copy_ does not read its destination
-        inputs = [t for t in pytree.tree_leaves((read_args, kwargs)) if isinstance(t, torch.Tensor)]
-        out = func(*args, **kwargs)
-        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        big = {_key(t): t.numel() * t.element_size() for t in inputs if t.numel() * t.element_size() >= self.nbytes}
-        if big and not func.is_view:
-            written = sum(t.numel() * t.element_size() for t in outputs)
-            self.big_reads.append((name, all(key in self.written for key in big), written, sum(big.values())))
-        if name in _WRITE_ONLY and args:
-            self.written.add(_key(args[0]))
-        elif name in _UNWRITTEN:  # a new buffer, perhaps at the address of a freed, written one
-            self.written.difference_update(_key(t) for t in outputs)
-        elif not func.is_view:
-            self.written.update(_key(t) for t in outputs)
-        return out
-
-
-def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _refuse_library_timing(*args, **kwargs):
-    raise RuntimeError("llmedu's own probe was called: the exercise asks for your timing loop, not measure_*()")
-
-
-def check_read_probe(fn, nbytes: int | None = None) -> CheckResult:
-    """``fn(nbytes) -> (bytes_per_call, seconds)``: a read-bandwidth probe on the CPU.
-
-    The method, from the ops the probe runs: the kernel it times reads a buffer of at least ``nbytes``
-    that was written first (an untouched ``torch.empty`` reads the OS's shared zero page, from the
-    cache), writes almost nothing (a copy measures a copy), and runs once more than it is timed (a
-    warm-up); ``bytes_per_call`` is what one call of that kernel reads (the bytes of the tensor it reads, as
-    recorded, not the ``nbytes`` asked for: ``torch.ones(nbytes)`` is 4x that); at least 5 repeats, which fit in the call's
-    own duration. ``nbytes`` defaults to 4x the last-level cache, at least 64 MiB.
-    """
-    g = Grader("check_read_probe")
-    if nbytes is None:
-        nbytes = max(4 * (probe.last_level_cache_bytes() or 0), 64 * 2**20)
-    nbytes -= nbytes % 4
-    case = f"a probe of {nbytes / 2**20:g} MiB"
-    recorder = _ReadRecorder(nbytes)
-    start = time.perf_counter()
-    with mock.patch.object(probe, "_time_calls", _refuse_library_timing), recorder:
-        got = g.call(fn, nbytes)
-    wall = time.perf_counter() - start
-    if g.failure is not None:
-        return g.result()
-    shaped = isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[1], (tuple, list))
-    if not g.expect(case, shaped, f"expected (bytes_per_call, [seconds, ...]), got {got!r:.80}"):
-        return g.result()
-    counted, seconds = got
-    if not g.expect(
-        case,
-        len(seconds) >= 5 and all(isinstance(s, float) and s > 0 for s in seconds),
-        f"expected at least 5 positive times in seconds, got {seconds!r:.80}",
-    ):
-        return g.result()
-    if not g.expect(case, bool(recorder.big_reads), f"no op read a buffer of {nbytes:,} bytes; one in cache is faster"):
-        return g.result()
-    kernel = statistics.mode(name for name, *_ in recorder.big_reads)
-    calls = [(initialised, written, read) for name, initialised, written, read in recorder.big_reads if name == kernel]
-    g.expect(
-        case,
-        all(initialised for initialised, _, _ in calls),
-        f"the timed {kernel} reads a buffer that nothing has written (torch.empty): the OS maps each page of such a "
-        "buffer to one shared page of zeros, so it reads the cache, not memory. Write the buffer first",
-    )
-    g.expect(
-        case,
-        max(written for _, written, _ in calls) < nbytes // 2,
-        f"the timed {kernel} writes as many bytes as it reads: that measures a copy, not a read. Reduce (x.sum())",
-    )
-    g.expect(case, len(calls) > len(seconds), f"{kernel} ran {len(calls)} times for {len(seconds)} timings: no warm-up")
-    g.expect(
-        case, sum(seconds) <= wall, f"the seconds add up to {sum(seconds):.3g} s, more than the call's {wall:.3g} s"
-    )
-    read = max(read for _, _, read in calls)  # the bytes of the buffer the timed kernel actually reads
-    if isinstance(counted, (int, float)) and counted == 2 * read:
-        g.expect(case, False, f"got {counted:,} bytes per call, 2x the buffer: a read moves each byte once")
-    if isinstance(counted, (int, float)) and counted != read and read != nbytes:
-        g.expect(
-            case,
-            False,
-            f"got {counted:,} bytes per call, but the timed {kernel} reads a buffer of {read:,} bytes "
-            f"({read / nbytes:g}x the {nbytes:,} asked for): count the bytes of the tensor, numel() * element_size()",
-        )
-    g.compare(f"{case}: bytes per call (what the timed {kernel} reads)", counted, read, rtol=1e-12)
     return g.result()
