@@ -13,7 +13,6 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 CAPSTONE_WORDS, LESSON_WORDS, CELL_WORDS = 4_500, 3_000, 250
 NOT_YET_DISTILLED = {
     "19_peft",
-    "21_mixture_of_experts",
 }
 
 
