@@ -135,4 +135,4 @@ def test_bad_options_are_refused_with_their_names():
     with pytest.raises(TypeError, match="link must be None or an llmedu.parallel.link.Link, got tuple"):
         ring_attention(q, q, q, link=SLOW)
     with pytest.raises(ValueError, match="repeats must be >= 3"):
-        overlap_study(64, 1, 8, 1e-3, [1.0], 2, 8)
+        overlap_study(64, 1, 8, 1e-3, [1.0], 2)

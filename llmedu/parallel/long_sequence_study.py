@@ -8,7 +8,8 @@ Checks (inside ``launch``). ``sp_check``: a pre-LN ``SerialBlock`` on the whole 
 ``SequenceParallelBlock`` on this rank's tokens, and torch's ``parallelize_module`` plan with the same weights
 (``SequenceParallel`` norms, ``PrepareModuleInput`` all-gathers, ``ColwiseParallel`` and ``RowwiseParallel``
 with ``Shard(1)`` outputs); the largest differences of outputs and gradients. ``ring_check``: zig-zag ring
-attention against SDPA on the whole sequence, output and dQ, dK, dV.
+attention against SDPA on the whole sequence, output and dQ, dK, dV; ``fused_ring_check``: the forward with one
+fused kernel per tile (``fused_ring.py``), the one the overlap study times.
 
 Overlap. Each ring step computes this rank's queries against the visiting K/V block and passes the block
 on. Posted before the compute (``overlap=True``) the transfer runs beside it; posted after, it adds to it.
@@ -19,12 +20,15 @@ transfer of one K/V message, a step takes (``step_model``)
     overlapped    max(c, C)             so the overlap saves min(c, C); the last step sends nothing: c.
 
 A ``Link`` (``link.py``) gives every message the alpha-beta time alpha + bytes / beta (its sleep uses no
-CPU, as a network card's transfer would not), so C is known; c is measured, step by step, on every rank,
-and the bandwidths are chosen from a first measure of c so that C / c takes the ratios asked for.
+CPU, as a network card's transfer would not), so C is known; c is measured, step by step, on every rank, each
+tile one fused kernel (``fused_ring_forward``), and the bandwidths are chosen from a first measure of c so that
+C / c takes the ratios asked for. What the model leaves out is read off the link's records: how long gloo took
+to deliver each message (a receive's modelled transfer starts only then) and how late each handle completed
+after its modelled end (the helper thread's wake-up).
 ``overlap_study`` runs the forward in both orders, alternating repeat by repeat, so that each blocking
 forward has an overlapped one run beside it under the same load; ``summarise_steps`` reads each step on
-the slowest rank: quartiles of the two times, the model at the compute each repeat measured, and the
-paired saving against the model's.
+the slowest rank: quartiles of the two times, the model at the compute each repeat measured, the paired
+saving against the model's, and the verdicts (saving resolved; model inside the quartiles).
 
 Volumes. ``collective_volumes`` counts (``collectives.traffic``) the bytes one rank sends in the course's
 ring all-reduce of an activation and in a reduce-scatter followed by an all-gather of the same tensor:
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,13 +50,15 @@ import torch.nn.functional as F
 from ..nn.blocks import SerialBlock
 from .collectives import all_gather, reduce_scatter, ring_all_reduce, traffic
 from .context_parallel import ring_attention, ring_step_times
+from .fused_ring import fused_ring_forward
 from .link import Link
 from .sequence_layout import split_sequence
 from .sequence_parallel import all_reduce_sequence_parallel_grads, sequence_shard
 from .sequence_parallel_attention import SequenceParallelBlock
 from .tensor_parallel import shard
 
-__all__ = ["sp_check", "ring_check", "step_model", "overlap_study", "summarise_steps", "collective_volumes"]
+__all__ = ["sp_check", "ring_check", "fused_ring_check", "step_model", "overlap_study", "summarise_steps"]
+__all__ += ["collective_volumes", "link_delays"]
 
 
 def _torch_sequence_parallel(block: SerialBlock, n: int) -> SerialBlock:
@@ -137,29 +144,69 @@ def ring_check(seq_len: int, causal: bool, layout: str = "zigzag", block_size: i
     return errors
 
 
+def fused_ring_check(seq_len: int, causal: bool = True, layout: str = "zigzag") -> dict[str, float]:
+    """Inside ``launch``: the largest difference of ``fused_ring_forward`` from SDPA on the whole sequence."""
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (torch.randn(1, 2, seq_len, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, H, T, D)
+    mine = [split_sequence(t, rank, world, layout) for t in (q, k, v)]
+    out = fused_ring_forward(*mine, causal=causal, layout=layout, link=Link(1e-5, 1e10))
+    return {"out vs SDPA": (out - split_sequence(ref, rank, world, layout)).abs().max().item()}
+
+
 def step_model(compute_s: float, comm_s: float, overlap: bool) -> float:
     """Seconds of one ring step: max(compute, transfer) when the transfer was posted first, else their sum."""
     return max(compute_s, comm_s) if overlap else compute_s + comm_s
 
 
-def _forward(q, block_size: int, overlap: bool, link: Link | None) -> list[dict]:
-    """One forward of causal zig-zag ring attention with K = V = Q; returns its steps as ``ring_step_times`` logs."""
-    with torch.no_grad(), ring_step_times() as log:
-        ring_attention(q, q, q, True, "zigzag", False, block_size=block_size, overlap=overlap, link=link)
+class _StampedLink(Link):
+    """A ``Link`` whose receive handles stamp, in their record, when the rank's ``wait()`` returned ("done")."""
+
+    def post(self, sends, recvs):
+        works = super().post(sends, recvs)
+        for record, work in zip(self.records[len(self.records) - len(works) :], works):
+            if record["op"] == "recv":
+                work.wait = _stamping(work.wait, record)
+        return works
+
+
+def _stamping(wait, record: dict):
+    def stamped(timeout=None):
+        done = wait(timeout)
+        record.setdefault("done", time.perf_counter())
+        return done
+
+    return stamped
+
+
+def link_delays(records: list[dict]) -> dict[str, list[float]]:
+    """What a ``Link``'s model leaves out, from its receives' records: "delivery", seconds from the receive's post
+    to gloo's delivery (the modelled transfer starts only then); "late", seconds after the modelled end that the
+    rank's wait returned (the helper thread's and the rank's wake-ups)."""
+    recvs = [r for r in records if r["op"] == "recv"]
+    return {
+        "delivery": [r["gloo_end"] - r["launched"] for r in recvs],
+        "late": [r["done"] - r["end"] for r in recvs if "done" in r],
+    }
+
+
+def _forward(q, overlap: bool, link: Link | None) -> list[dict]:
+    """One forward of causal zig-zag ring attention, K = V = Q, one fused kernel per tile; its steps' logs."""
+    with ring_step_times() as log:
+        fused_ring_forward(q, q, q, True, "zigzag", overlap=overlap, link=link)
     return log
 
 
-def overlap_study(
-    seq_len: int, heads: int, head_dim: int, alpha: float, ratios: list[float], repeats: int, block_size: int
-) -> dict:
-    """Launched on N ranks: ring attention's forward (causal, zig-zag, FlashAttention's tiles of ``block_size``
-    inside each step) over ``Link(alpha, beta)``, blocking and overlapped in turn (which goes first alternates),
-    ``repeats`` times each after two warm-ups, for each ratio C / c of transfer to compute.
+def overlap_study(seq_len: int, heads: int, head_dim: int, alpha: float, ratios: list[float], repeats: int) -> dict:
+    """Launched on N ranks: ring attention's forward (causal, zig-zag, one fused kernel per tile) over
+    ``Link(alpha, beta)``, blocking and overlapped in turn (which goes first alternates), ``repeats`` times
+    each after two warm-ups, for each ratio C / c of transfer to compute.
 
-    c is the first step's compute on the slowest rank (median of three forwards without a link); each ratio
+    c is the first step's compute on the slowest rank (median of five forwards without a link, after three); each ratio
     sets beta so that one K/V message takes C = ratio * c. Returns {"compute_s": c, (ratio, overlap): dict(steps,
-    beta, comm_s, overruns)}: per repeat a list of (compute_s, step_s) per step; the bandwidth; the modelled
-    transfer of one K/V message; the messages gloo delivered after the model's time.
+    beta, comm_s, overruns, delivery, late)}: per repeat a list of (compute_s, step_s) per step; the bandwidth;
+    the modelled transfer of one K/V message; the messages gloo delivered after the model's time; ``link_delays``.
     """
     if repeats < 3:
         raise ValueError(f"repeats must be >= 3 to read quartiles of the paired differences, got {repeats}")
@@ -168,8 +215,9 @@ def overlap_study(
     full = torch.randn(1, heads, seq_len, head_dim, generator=torch.Generator().manual_seed(0))  # (B, H, T, D)
     q = split_sequence(full, rank, world, "zigzag")  # (1, H, T/N, D); K and V are the same tensor
     message = 2 * q.numel() * q.element_size()  # K and V stacked: one message a step
-    _forward(q, block_size, True, None)  # warm-up
-    compute = torch.tensor([statistics.median(_forward(q, block_size, True, None)[0]["compute_s"] for _ in range(3))])
+    for _ in range(3):  # warm-up: the kernel's first calls on a shape are slower
+        _forward(q, True, None)
+    compute = torch.tensor([statistics.median(_forward(q, True, None)[0]["compute_s"] for _ in range(5))])
     dist.all_reduce(compute, op=dist.ReduceOp.MAX)  # the slowest rank's, the same number everywhere
     results = {"compute_s": compute.item()}
     for ratio in ratios:
@@ -177,17 +225,21 @@ def overlap_study(
         if comm_s <= alpha:
             raise ValueError(f"ratio {ratio} asks for a transfer of {comm_s:.2e} s, not above the latency {alpha}")
         beta = message / (comm_s - alpha)
-        links = {o: Link(alpha, beta) for o in (False, True)}
+        links = {o: _StampedLink(alpha, beta) for o in (False, True)}
         for o, link in links.items():
             results[ratio, o] = dict(steps=[], beta=beta, comm_s=link.message_time(message), overruns=0)
+            results[ratio, o] |= dict(delivery=[], late=[])
         for i in range(2 + repeats):
             for overlap in (False, True) if i % 2 else (True, False):
                 links[overlap].records.clear()
                 dist.barrier()
-                log = _forward(q, block_size, overlap, links[overlap])
+                log = _forward(q, overlap, links[overlap])
                 if i >= 2:
-                    results[ratio, overlap]["steps"].append([(r["compute_s"], r["step_s"]) for r in log])
-                    results[ratio, overlap]["overruns"] += sum(r["overrun"] for r in links[overlap].records)
+                    kept = results[ratio, overlap]
+                    kept["steps"].append([(r["compute_s"], r["step_s"]) for r in log])
+                    kept["overruns"] += sum(r["overrun"] for r in links[overlap].records)
+                    for key, values in link_delays(links[overlap].records).items():
+                        kept[key] += values
     return results
 
 
@@ -196,12 +248,22 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, statistics.median(values), q3
 
 
+def _inside(x: float, quartiles: tuple[float, float, float]) -> bool:
+    return quartiles[0] <= x <= quartiles[2]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 def summarise_steps(study: list[dict], ratio: float) -> list[dict]:
     """One row per ring step of ``overlap_study``'s per-rank results at transfer/compute ``ratio``, each repeat read on
     the slowest rank: (q1, median, q3) of the blocking and the overlapped step, the model's median at the
     compute each repeat measured, the paired saving blocking - overlapped (q1, median, q3) beside the model's
-    median saving, and whether that lies inside the measured saving's quartiles."""
-    world = len(study)
+    median saving, and the verdicts: ``resolved`` (the saving's q1 > 0), ``consistent`` (the model's saving inside
+    its quartiles), ``overlapped_inside`` (the model's overlapped step inside the measured quartiles), with the
+    link's ``delivery`` and ``late`` medians (``link_delays``) over both orders."""
+    world, delays = len(study), ("delivery", "late")
     rows = []
     for step in range(world):
         comm = study[0][ratio, True]["comm_s"] if step < world - 1 else 0.0
@@ -223,9 +285,15 @@ def summarise_steps(study: list[dict], ratio: float) -> list[dict]:
                 overlapped_model=statistics.median(model[True]),
                 saved=saved,
                 saved_model=saved_model,
+                resolved=saved[0] > 0,
                 consistent=saved[0] <= saved_model <= saved[2],
+                overlapped_inside=_inside(statistics.median(model[True]), _quartiles(times[True])),
                 overruns=sum(r[ratio, o]["overruns"] for r in study for o in (False, True)),
                 repeats=len(times[False]),
+                **{
+                    k: _median([x for r in study for o in (False, True) for x in r[ratio, o].get(k, [])])
+                    for k in delays
+                },
             )
         )
     return rows
