@@ -9,21 +9,28 @@ and the last one is the vector width times the FMA pipes times 2 (an FMA is a mu
 
 * AMD Zen 2, Zen 3 and Zen 4: two 256-bit FMA pipes, 2 x 8 fp32 lanes x 2 = 32 fp32 FLOP/cycle. Zen 4
   runs AVX-512 (flag ``avx512f``) but splits a 512-bit op over two 256-bit halves ("double-pumped"), so
-  its fp32 peak is the same 32; Zen 5 desktop and server cores have full 512-bit pipes: 64.
-* Intel cores with AVX2 and FMA (Haswell onward): two 256-bit FMA units, 32. Intel cores with AVX-512:
-  64, assuming two 512-bit FMA units (Xeon Gold 6xxx and Platinum; parts with one unit reach half).
+  its fp32 peak is the same 32. Zen 5 (family 26) has 512-bit pipes in desktop and server parts (64) but
+  256-bit ones in mobile parts (32), and cpuinfo does not say which: ``PeakUnknown``.
+* Intel cores with AVX2 and FMA (Haswell onward): two 256-bit FMA units, 32; the E-cores of hybrid parts
+  and of E-core-only parts (Gracemont, Crestmont) have two 128-bit units, 16. Intel AVX-512 with two 512-bit
+  FMA units, 64: Sapphire, Emerald and Granite Rapids, Ice Lake Xeon, and on Skylake/Cascade Lake Xeon the
+  Platinum and Gold 6xxx parts and Gold 5122; with one unit, 32: Xeon Silver, Bronze and Gold 5xxx, and the
+  Ice, Tiger and Rocket Lake client cores (Intel ARK: "# of AVX-512 FMA Units"). Others: ``PeakUnknown``.
 * bf16: ``avx512_bf16`` (VDPBF16PS) does two bf16 products per fp32 lane, twice the fp32 rate; Intel's
   AMX tiles (``amx_bf16``) do 1024 bf16 FLOP/cycle/core. fp16: ``avx512_fp16`` at twice the fp32 rate,
   ``amx_fp16`` as AMX bf16.
 
 What it reads: /proc/cpuinfo (vendor, family, model, flags, the cores this process may use, and a clock).
 The clock is the nominal base clock: the "@ 2.60GHz" of an Intel model name, else the kernel's
-``base_frequency``, else cpuinfo's "cpu MHz" (in a VM the TSC clock, about the base clock). Boost clocks
-run higher, so a measured matmul can beat this "peak"; under all-core AVX-512 load, clocks can run lower.
+``base_frequency`` (or amd-pstate's ``amd_pstate_nominal_freq``), else, in a VM (flag ``hypervisor``),
+cpuinfo's "cpu MHz" (the TSC clock the hypervisor reports, about the base clock). On bare metal "cpu MHz"
+is the clock of the moment, not the base: ``PeakUnknown``. Boost clocks run higher, so a measured matmul
+can beat this "peak at base clock" (``PeakSpec.implied_clock_hz`` gives the clock a measurement implies);
+under all-core AVX-512 load, clocks can run lower.
 
 What it leaves out: boost and AVX frequency offsets, SMT (two hardware threads share one core's pipes, so
 it counts physical cores), CPUs it has no table row for (it raises ``PeakUnknown`` naming what it could not
-read; it never guesses), and GPUs (their peaks are in ``specs.py``).
+read or match; it never guesses), and GPUs (their peaks are in ``specs.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ class PeakSpec:
 
     dtype: str  # "fp32", "bf16" or "fp16"
     cores: int  # physical cores this process may run on
-    clock_hz: float  # the clock assumed (nominal base)
+    clock_hz: float  # the nominal base clock
     clock_source: str  # where the clock was read, e.g. "'cpu MHz' in /proc/cpuinfo"
     flop_per_cycle: int  # per core, in this dtype
     core_kind: str  # e.g. "AMD Zen 4: two 256-bit FMA pipes, 512-bit ops double-pumped"
@@ -59,13 +66,18 @@ class PeakSpec:
 
     @property
     def flops(self) -> float:
-        """cores x clock x FLOP/cycle/core, in FLOP/s."""
+        """cores x clock x FLOP/cycle/core, in FLOP/s: the peak at the base clock."""
         return self.cores * self.clock_hz * self.flop_per_cycle
+
+    def implied_clock_hz(self, measured_flops: float) -> float:
+        """The clock at which these cores, at full FLOP/cycle, would do ``measured_flops``: a lower bound on
+        the clock they ran at (a measurement above the base-clock peak means boost)."""
+        return measured_flops / (self.cores * self.flop_per_cycle)
 
     def __str__(self) -> str:
         return (
             f"{self.cores} cores x {self.clock_hz / 1e9:.2f} GHz x {self.flop_per_cycle} {self.dtype} FLOP/cycle "
-            f"= {si(self.flops, 'FLOP/s')} ({self.core_kind}; clock: {self.clock_source}, boost runs higher)"
+            f"= {si(self.flops, 'FLOP/s')} at base clock ({self.core_kind}; clock: {self.clock_source})"
         )
 
 
@@ -90,8 +102,36 @@ def _processors(cpuinfo: str) -> list[dict[str, str]]:
     return blocks
 
 
-def _core_kind(vendor: str, family: int, model: int, flags: set[str]) -> tuple[str, int]:
-    """(description, fp32 FLOP/cycle/core), or PeakUnknown."""
+_INTEL_TWO_FMA = {
+    143: "Sapphire Rapids",
+    207: "Emerald Rapids",
+    173: "Granite Rapids",
+    174: "Granite Rapids",
+    106: "Ice Lake Xeon",
+}
+_INTEL_ONE_FMA = {
+    102: "Cannon Lake",
+    125: "Ice Lake",
+    126: "Ice Lake",
+    140: "Tiger Lake",
+    141: "Tiger Lake",
+    167: "Rocket Lake",
+}
+_INTEL_HYBRID = {151, 154, 170, 172, 183, 186, 189, 191, 197, 198}  # Alder, Meteor, Raptor, Lunar, Arrow Lake
+_INTEL_E_CORE_ONLY = {175: "Sierra Forest (Crestmont)", 190: "Alder Lake-N (Gracemont)"}
+
+
+def _skylake_xeon_units(name: str) -> int | None:
+    """512-bit FMA units of a Skylake/Cascade Lake Xeon (model 85), from its model name; None if not listed."""
+    if re.search(r"Platinum|Gold 6\d{3}|Gold 5122", name):
+        return 2
+    if re.search(r"Silver|Bronze|Gold 5\d{3}", name):
+        return 1
+    return None
+
+
+def _core_kind(vendor: str, family: int, model: int, flags: set[str], name: str = "") -> tuple[str, int]:
+    """(description, fp32 FLOP/cycle/core), or PeakUnknown naming what is unknown."""
     if vendor == "AuthenticAMD" and "fma" in flags and "avx2" in flags:
         if family == 23:
             if model < 0x30:
@@ -101,12 +141,31 @@ def _core_kind(vendor: str, family: int, model: int, flags: set[str]) -> tuple[s
             if "avx512f" in flags:
                 return "AMD Zen 4: two 256-bit FMA pipes, 512-bit ops double-pumped", 32
             return "AMD Zen 3: two 256-bit FMA pipes", 32
-        if family == 26 and "avx512f" in flags:
-            return "AMD Zen 5: two 512-bit FMA pipes (desktop and server parts)", 64
+        if family == 26:
+            raise PeakUnknown(
+                f"AMD family 26 (Zen 5), model {model}: desktop and server parts have 512-bit FMA pipes (64 fp32 "
+                "FLOP/cycle), mobile parts 256-bit ones (32), and /proc/cpuinfo does not say which this is"
+            )
     if vendor == "GenuineIntel" and "fma" in flags and "avx2" in flags:
-        if "avx512f" in flags:
-            return "Intel AVX-512, assuming two 512-bit FMA units (one-unit parts reach half)", 64
-        return "Intel AVX2: two 256-bit FMA units", 32
+        if "hybrid_cpu" in flags or model in _INTEL_HYBRID:
+            raise PeakUnknown(
+                f"Intel model {model} is a hybrid CPU: its P-cores do 32 fp32 FLOP/cycle, its E-cores 16, and "
+                "the peak needs how many of the cores this process may use are of each kind"
+            )
+        if model in _INTEL_E_CORE_ONLY:
+            return f"Intel {_INTEL_E_CORE_ONLY[model]} E-cores: two 128-bit FMA units", 16
+        if "avx512f" not in flags:
+            return "Intel AVX2: two 256-bit FMA units", 32
+        units = 2 if model in _INTEL_TWO_FMA else 1 if model in _INTEL_ONE_FMA else None
+        if model == 85:
+            units = _skylake_xeon_units(name)
+        if units is not None:
+            return f"Intel AVX-512: {['one', 'two'][units - 1]} 512-bit FMA unit{'s' * (units - 1)}", 32 * units
+        raise PeakUnknown(
+            f"Intel model {model} ({name!r}) with AVX-512: it has one or two 512-bit FMA units (32 or 64 fp32 "
+            "FLOP/cycle), which /proc/cpuinfo does not say and the table does not list; Intel ARK gives "
+            "'# of AVX-512 FMA Units' for each part"
+        )
     raise PeakUnknown(
         f"no FLOP/cycle table row for vendor {vendor!r}, family {family}, model {model} with flags "
         f"{sorted(flags & {'fma', 'avx2', 'avx512f'})} (of fma, avx2, avx512f): the peak needs the core's "
@@ -129,18 +188,20 @@ def _per_cycle(dtype: str, fp32: int, flags: set[str], kind: str) -> tuple[int, 
     )
 
 
-def _clock(first: dict[str, str]) -> tuple[float, str]:
+def _clock(first: dict[str, str], flags: set[str]) -> tuple[float, str]:
     found = re.search(r"@\s*([\d.]+)\s*GHz", first.get("model name", ""))
     if found:
         return float(found.group(1)) * 1e9, "the base clock in the model name"
-    base = _read("/sys/devices/system/cpu/cpu0/cpufreq/base_frequency")
-    if base and base.strip().isdigit():
-        return int(base) * 1e3, "the kernel's cpufreq base_frequency"
-    if "cpu MHz" in first:
-        return float(first["cpu MHz"]) * 1e6, "'cpu MHz' in /proc/cpuinfo (about the base clock)"
+    for name in ("base_frequency", "amd_pstate_nominal_freq"):  # kHz
+        base = _read(f"/sys/devices/system/cpu/cpu0/cpufreq/{name}")
+        if base and base.strip().isdigit():
+            return int(base) * 1e3, f"the kernel's cpufreq {name}"
+    if "cpu MHz" in first and "hypervisor" in flags:
+        return float(first["cpu MHz"]) * 1e6, "'cpu MHz' in a VM's /proc/cpuinfo (the TSC clock, about the base)"
     raise PeakUnknown(
-        "no clock found: the model name has no '@ x.xxGHz', there is no cpufreq base_frequency and "
-        "/proc/cpuinfo has no 'cpu MHz' line"
+        "no base clock found: the model name has no '@ x.xxGHz', cpufreq has neither base_frequency nor "
+        "amd_pstate_nominal_freq, and /proc/cpuinfo's 'cpu MHz' is, on bare metal, the clock of the moment, "
+        "not the base" + ("" if "cpu MHz" in first else " (and it has no 'cpu MHz' line either)")
     )
 
 
@@ -167,9 +228,10 @@ def datasheet_peak(dtype: str | torch.dtype = torch.float32, *, cpuinfo: str | N
         raise PeakUnknown(
             f"/proc/cpuinfo's cpu family {first['cpu family']!r} and model {first['model']!r} are not numbers"
         )
-    kind, fp32 = _core_kind(first["vendor_id"], int(first["cpu family"]), int(first["model"]), flags)
+    model = first.get("model name", "unknown model")
+    kind, fp32 = _core_kind(first["vendor_id"], int(first["cpu family"]), int(first["model"]), flags, model)
     per_cycle, kind = _per_cycle(name, fp32, flags, kind)
-    clock_hz, source = _clock(first)
+    clock_hz, source = _clock(first, flags)
     allowed = set(cpus) if cpus is not None else os.sched_getaffinity(0)
     cores = {
         (p.get("physical id", "0"), p.get("core id", p["processor"]))
@@ -178,7 +240,6 @@ def datasheet_peak(dtype: str | torch.dtype = torch.float32, *, cpuinfo: str | N
     }
     if not cores:
         raise PeakUnknown(f"none of the CPUs {sorted(allowed)} is listed in /proc/cpuinfo")
-    model = first.get("model name", "unknown model")
     return PeakSpec(name, len(cores), clock_hz, source, per_cycle, kind, model)
 
 
