@@ -9,12 +9,12 @@ cell of a (variant, depth) grid from several initialisations (the batches stay t
 A run **collapses** when its final held-out loss is not finite, or is above ``baseline - margin``:
 ``baseline`` is the loss of predicting every token by its frequency in the training text, with no
 context (``unigram_loss``), so a collapsed model has learnt nothing that uses context. A run is read
-once, at its last step: every placement's loss first falls to about the baseline early on, so a collapse
-means still there at the end (``Run.curve`` keeps the training losses to see when).
+once, at its last step; ``Run.curve`` keeps its training losses, and ``first_step_below`` reads from them
+when (if ever) the run left the baseline.
 ``same_state`` shows how: the mean cosine between the final hidden states of all held-out positions
 is 1 when the model maps every context to one state, and so predicts one distribution everywhere.
 
-    variants = [Variant("post"), Variant("post", warmup=60), Variant("pre")]
+    variants = [Variant("post"), Variant("post", warmup=150), Variant("post", lr=1e-3), Variant("pre")]
     runs = run_grid(cfg, variants, depths=[2, 8], seeds=[0, 1, 2], steps=300, lr=3e-3,
                     batches=lambda i: ..., held_out=ids)
     collapse_counts(runs, baseline)  # {(variant name, depth): (collapsed, runs)}
