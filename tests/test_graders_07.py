@@ -339,3 +339,10 @@ def state_bytes_by_quantizing(numel, block_size, min_8bit_size):
         return 8 * numel + 4
     codes, absmax = quantize_blockwise(torch.zeros(numel), dynamic_map(), block_size)
     return 2 * (codes.numel() + 4 * absmax.numel()) + 4
+
+
+def test_float_format_case_n_is_the_nth_format():
+    # E4M3 is the fourth format asked: its failure is case 4, not case 8 (a passing shape check is no case)
+    wrong = check_float_format(lambda e, m, ieee: format_from_bits(e, m, True))
+    assert not wrong and "case 4 of the check" in str(wrong) and "E4M3" in wrong.failure
+    assert "all 8 cases" in str(check_float_format(format_from_bits))
