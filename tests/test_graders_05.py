@@ -154,3 +154,15 @@ def test_gpt2_parameters_built_on_meta_fails(capsys):
     assert torch_layers(101, 64, 96, 2, 136, True) == gpt2_parameters(101, 64, 96, 2, 136, True)
     assert not check_gpt2_parameters(torch_layers)
     assert not check_gpt2_parameters(lambda V, T, d, L, f, tied: gpt2_parameters(V, T, d, L, f, tied) - L * 2 * 2 * d)
+
+
+def test_each_answer_is_one_case():
+    # three answers, three cases, right or wrong: the third answer's failure is case 3
+    assert "all 3 cases" in str(check_unshifted_predictions(0.01, "b", "c"))
+    wrong = check_unshifted_predictions(0.01, "b", "b")
+    assert not wrong and "case 3 of the check" in str(wrong) and wrong.failure.startswith("why")
+    # a check of one case says so in the singular
+    assert "the one case agrees" in str(check_attention_crossover(25_204))
+    # every-parameter N (the embedding table and the norms) hears the embedding-table hint
+    everything = check_attention_crossover(6_738_415_616 / (2 * 32 * 4096))
+    assert not everything and "embedding table" in everything.failure

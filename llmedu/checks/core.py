@@ -52,7 +52,8 @@ class CheckResult:
 
     def __str__(self) -> str:
         if self.passed:
-            return f"PASS {self.name}: all {self.cases} cases agree with the reference."
+            agree = "the one case agrees" if self.cases == 1 else f"all {self.cases} cases agree"
+            return f"PASS {self.name}: {agree} with the reference."
         return f"FAIL {self.name}: case {self.cases} of the check: {self.failure}"
 
     __repr__ = __str__
