@@ -178,6 +178,15 @@ def test_measure_machine_is_a_spec_row():
     assert row.ridge_point > 0
 
 
+def test_machine_row_takes_the_medians_it_is_given():
+    from llmedu.hardware.probe import Measurement, machine_row
+
+    bf16, fp32 = Measurement("bf16 best", 8.0, "FLOP/s", (1.0, 2.0, 4.0)), Measurement("fp32", 6.0, "FLOP/s", (3.0,))
+    row = machine_row(bf16, fp32, Measurement("read", 10.0, "B/s", (5.0,)), device="cpu")
+    assert (row.peak_flops_16bit, row.peak_flops_fp32, row.memory_bandwidth) == (4.0, 2.0, 2.0)
+    assert "bf16 best" in row.source and row.kind == "CPU"
+
+
 def test_machine_summary_names_torch_and_device():
     text = hw.machine_summary("cpu")
     assert torch.__version__ in text and "cpu" in text

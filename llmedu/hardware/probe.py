@@ -54,6 +54,7 @@ __all__ = [
     "default_nbytes",
     "machine_summary",
     "measure_machine",
+    "machine_row",
 ]
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -271,13 +272,19 @@ def measure_machine(device=None, *, n: int | None = None, nbytes: int | None = N
     The peaks are the medians of ``repeats`` (n, n) matmuls, the bandwidth the median read of
     ``nbytes`` (default sizes as in ``measure_matmul_flops`` and ``measure_read_bandwidth``): what the
     cores torch uses can read, which on a CPU is less than a datasheet's chip-wide memory bandwidth when
-    few cores run (each keeps only so many misses in flight); memory is the GPU's memory, or the host's
-    RAM on a CPU. ``source`` lists the three measurements with their spread.
+    few cores run (each keeps only so many misses in flight). See ``machine_row``.
     """
     dev = torch.device(device) if device is not None else runtime.device()
     bf16 = measure_matmul_flops("bf16", n, device=dev, repeats=repeats)
     fp32 = measure_matmul_flops("fp32", n, device=dev, repeats=repeats)
-    read = measure_read_bandwidth(nbytes, device=dev, repeats=repeats)
+    return machine_row(bf16, fp32, measure_read_bandwidth(nbytes, device=dev, repeats=repeats), device=dev)
+
+
+def machine_row(bf16: Measurement, fp32: Measurement, read: Measurement, device=None) -> Accelerator:
+    """A spec-table row from measurements already made (e.g. the best of a size sweep): their medians as the
+    peaks and the bandwidth; memory is the GPU's memory, or the host's RAM on a CPU; ``source`` lists the
+    three measurements with their spread."""
+    dev = torch.device(device) if device is not None else runtime.device()
     if dev.type == "cuda":
         memory = torch.cuda.get_device_properties(dev).total_memory
     else:
