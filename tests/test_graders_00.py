@@ -280,3 +280,38 @@ def test_probe_timing_batches_of_calls_per_repeat_passes():
 
     res = checks.check_read_probe(batched, SMALL)
     assert res, res.failure
+
+
+# -- exercise 3's prediction: the factor of the gap each fault explains ---------------------------------
+# lines of the lesson's buggy_read_probe: 2 torch.empty, 3-7 the timing loop (no warm-up), 8 return 2 * nbytes
+def test_gap_prediction_right_passes():
+    assert checks.check_gap_prediction({2: 4.2, 5: 1.05, 8: 2.0}, zero_page=4.0)
+
+
+def test_gap_prediction_with_the_count_explaining_nothing_fails():
+    res = checks.check_gap_prediction({2: 8.0, 4: 1.0, 8: 1.0}, zero_page=4.0)
+    assert not res and "the bytes counted twice" in res.failure
+
+
+def test_gap_prediction_of_a_zero_page_factor_far_from_the_measured_one_fails():
+    res = checks.check_gap_prediction({2: 20.0, 4: 1.0, 8: 2.0}, zero_page=4.0)
+    assert not res and "the grader measures 4 " in res.failure
+
+
+def test_gap_prediction_that_the_warm_up_explains_a_factor_fails():
+    res = checks.check_gap_prediction({2: 4.0, 4: 3.0, 8: 2.0}, zero_page=4.0)
+    assert not res and "does not move a median" in res.failure
+
+
+def test_gap_prediction_missing_a_fault_or_naming_a_clean_line_fails():
+    res = checks.check_gap_prediction({2: 4.0, 8: 2.0}, zero_page=4.0)
+    assert not res and "the probe has 3 faults; you named 2" in res.failure
+    res = checks.check_gap_prediction({1: 4.0, 2: 4.0, 5: 1.0, 8: 2.0}, zero_page=4.0)
+    assert not res and "line 1: it holds none of the faults" in res.failure
+    res = checks.check_gap_prediction({2: 4.0, 4: 1.0, 5: 1.0, 8: 2.0}, zero_page=4.0)
+    assert not res and "two lines name one fault" in res.failure
+
+
+def test_gap_prediction_measures_the_zero_page_factor_itself():
+    res = checks.check_gap_prediction({2: 1e6, 5: 1.0, 8: 2.0}, SMALL)  # no buffer reads a million times faster
+    assert not res and f"on {SMALL / 2**20:g} MiB" in res.failure

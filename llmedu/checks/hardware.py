@@ -12,6 +12,7 @@
                                     bound on tokens/s of decoding (both roofs: a memory-only answer fails)
     check_read_probe(fn)            fn(nbytes) -> (bytes read per call, seconds of >= 5 timed calls): a read
                                     bandwidth probe, graded on the ops it runs (recorded), not on the clock
+    check_gap_prediction(gap)       {line: factor}: how much of the buggy probe's gap each fault explains
 
 Each compares the learner's answer with ``llmedu.hardware.roofline`` on a few cases, square and
 not, small and GPT-3 sized, on both sides of a ridge point; the cases are not the lesson's own.
@@ -23,7 +24,7 @@ import math
 
 from ..hardware import roofline
 from .core import CheckResult, Grader
-from .read_probe import check_read_probe
+from .read_probe import check_gap_prediction, check_read_probe
 
 __all__ = [
     "check_matmul_flops",
@@ -33,6 +34,7 @@ __all__ = [
     "check_elementwise_intensity",
     "check_decode_throughput",
     "check_read_probe",
+    "check_gap_prediction",
 ]
 
 _SHAPES = [(2, 3, 4), (1, 1, 1), (64, 128, 32), (4096, 12288, 12288)]  # last: a GPT-3 projection

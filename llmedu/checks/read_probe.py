@@ -1,6 +1,7 @@
 """Lesson 00's exercise 3: a read-bandwidth probe, graded on the ops it runs, not on the clock's verdict.
 
     check_read_probe(fn)            fn(nbytes) -> (bytes read per call, seconds of >= 5 timed calls)
+    check_gap_prediction(gap)       {line of the buggy probe: factor of its gap the fault there explains}
 
 A ``TorchDispatchMode`` records every op the learner's probe runs: which byte ranges were written (an
 untouched page of ``torch.empty`` maps the OS's shared zero page, so reading it reads the cache), and each op
@@ -25,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..hardware import probe
 from .core import CheckResult, Grader
 
-__all__ = ["check_read_probe"]
+__all__ = ["check_read_probe", "check_gap_prediction"]
 
 _UNWRITTEN = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")  # outputs hold garbage
 _WRITE_ONLY = ("fill_", "zero_", "uniform_", "normal_", "random_", "bernoulli_", "exponential_", "copy_")
@@ -212,4 +213,70 @@ def check_read_probe(fn, nbytes: int | None = None) -> CheckResult:
             f"({read / nbytes:g}x the {nbytes:,} asked for): count the bytes of the tensor, numel() * element_size()",
         )
     g.compare(f"{case}: bytes per call (what the timed {kernel} reads)", counted, read, rtol=1e-12)
+    return g.result()
+
+
+# -- the prediction: how much of the buggy probe's gap each fault explains ----------------------------
+_FAULTS = {  # fault: (the lines of the lesson's buggy_read_probe it may be named by, 1 = the def line)
+    "the buffer never written": (2,),
+    "no warm-up": (3, 4, 5, 6, 7),  # a missing line: anywhere in the timing loop
+    "the bytes counted twice": (8,),
+}
+
+
+def _zero_page_factor(nbytes: int) -> float:
+    """The buggy probe's timing (median of 5 sums after one) on a written buffer over an untouched one."""
+
+    def median_sum(x: torch.Tensor) -> float:
+        x.sum()
+        seconds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            x.sum()
+            seconds.append(time.perf_counter() - start)
+        return statistics.median(seconds)
+
+    return median_sum(torch.ones(nbytes // 4)) / median_sum(torch.empty(nbytes // 4))
+
+
+def check_gap_prediction(gap, nbytes: int | None = None, *, zero_page: float | None = None) -> CheckResult:
+    """``gap``: {line of the lesson's ``buggy_read_probe``: the factor of its gap the fault on that line explains}.
+
+    One line per fault, all three; the factors, as fixing one fault at a time shows them: the double count
+    exactly 2 (same seconds, twice the bytes); the untouched buffer within 2x of the grader's own measurement
+    on ``nbytes`` (``zero_page``, measured when None); the missing warm-up about 1 (0.67-1.5), since the probe
+    quotes a median, which one slow first call does not move.
+    """
+    g = Grader("check_gap_prediction")
+    numbers = isinstance(gap, dict) and all(
+        isinstance(k, int) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in gap.items()
+    )
+    if not g.expect("your answer", numbers and bool(gap), f"expected {{line: factor > 0}}, got {gap!r:.80}"):
+        return g.result()
+    for line in gap:
+        g.expect(f"line {line}", any(line in lines for lines in _FAULTS.values()), "it holds none of the faults")
+    named = {fault: [line for line in gap if line in lines] for fault, lines in _FAULTS.items()}
+    g.expect("your lines", all(len(lines) <= 1 for lines in named.values()), f"two lines name one fault: {named}")
+    g.expect("your lines", all(named.values()), f"the probe has 3 faults; you named {len(gap)}")
+    if g.failure is not None:
+        return g.result()
+    factor = {fault: gap[lines[0]] for fault, lines in named.items()}
+    g.compare("the bytes counted twice: the factor", factor["the bytes counted twice"], 2.0, rtol=0.1)
+    if nbytes is None:
+        nbytes = max(4 * (probe.last_level_cache_bytes() or 0), 64 * 2**20)
+    if zero_page is None and g.failure is None:
+        zero_page = _zero_page_factor(nbytes)
+    got = factor["the buffer never written"]
+    g.expect(
+        "the buffer never written: the factor",
+        zero_page is not None and zero_page / 2 <= got <= 2 * zero_page,
+        f"got {got:.3g}; the grader measures {zero_page or 0:.3g} on {nbytes / 2**20:g} MiB (median sums of a "
+        "written and an untouched buffer): yours should be within 2x of it",
+    )
+    got = factor["no warm-up"]
+    g.expect(
+        "no warm-up: the factor",
+        0.67 <= got <= 1.5,
+        f"got {got:.3g}; the probe quotes the median of its 5 timings, and one slow first call does not move a median",
+    )
     return g.result()
