@@ -49,3 +49,12 @@ def test_gradient_errors_follow_the_fp32_run_and_rank_bf16_closer_than_fp8():
     assert all(s[k]["overflows"] == 0 for s in out["fp8_steps"]["fp8 current"] for k in s)
     with pytest.raises(ValueError, match="steps"):
         gradient_errors(steps=0)
+
+
+def test_gradient_errors_measure_sampling_noise_and_the_embeddings_share_without_moving_the_run():
+    out = gradient_errors(steps=3, **SMALL)
+    reference = compare_precisions(steps=3, precisions=("fp32",), **SMALL)
+    assert out["loss"] == reference["losses"]["fp32"]  # the extra batch B' changes nothing in the trajectory
+    assert len(out["noise"]) == 3 and all(0.05 < n < 10 for n in out["noise"])  # another batch: a different gradient
+    for v in GRADIENT_VARIANTS:
+        assert len(out["embedding_share"][v]) == 3 and all(0 < s < 1 for s in out["embedding_share"][v])

@@ -9,8 +9,11 @@ fp32 update, copies of the same weights compute the gradient of the same batch t
                   cast (torchao's float8 training; Transformer Engine's ``Float8CurrentScaling``)
     bf16          ``torch.autocast(dtype=bfloat16)``: the matmuls take bf16 inputs
 
-and each gradient (all parameters, flattened) is compared with fp32's: cosine similarity and relative
-error ||g - g_fp32|| / ||g_fp32||. Comparing gradients at the same weights measures the format's error
+and each gradient (all parameters, flattened) is compared with fp32's: cosine similarity, relative
+error ||g - g_fp32|| / ||g_fp32||, and the share of the squared error that sits in the token embedding
+(tied to the LM head, whose output projection is cast to fp8 too). Beside them, the batch's own
+sampling noise at the same weights: ||g_B' - g_B|| / ||g_B|| with g_B' the fp32 gradient of an
+independent batch, the error SGD already accepts when it trains on a batch instead of the corpus. Comparing gradients at the same weights measures the format's error
 directly; comparing training curves would also measure when each run happens to leave a plateau, which
 small perturbations of any kind decide. The shadow models never update the weights: their scaling
 state sees exactly the tensors of the fp32 run.
@@ -34,6 +37,7 @@ from .fp8 import DelayedScaling, FP8Linear, Quantized, convert_to_fp8, fp8_count
 __all__ = ["CurrentScaling", "use_current_scaling", "gradient_errors", "GRADIENT_VARIANTS"]
 
 GRADIENT_VARIANTS = ("fp8 delayed", "fp8 current", "bf16")
+NOISE_SEED_OFFSET = 1_000_003  # the independent batches B' come from seed + this
 
 
 class CurrentScaling(DelayedScaling):
@@ -97,17 +101,20 @@ def gradient_errors(
 ) -> dict:
     """One fp32 AdamW run of ``steps`` steps; at each, every variant's gradient on the same weights and batch.
 
-    Returns ``{"loss": [...], "grad_norm": [...]`` (the fp32 run's), ``"cosine": {variant: [...]},
-    "rel_error": {variant: [...]}, "fp8_steps": {"fp8 delayed" | "fp8 current": [per step: {kind: {"overflows": n,
-    "underflows": n}}]}}``, kinds input, weight, grad. ``config_overrides`` change the ``TransformerConfig``
-    (default: 2 layers, d_model 64, 4 heads).
+    Returns ``{"loss": [...], "grad_norm": [...]`` (the fp32 run's), ``"noise": [...]`` (||g_B' - g_B|| / ||g_B||
+    for an independent batch B' at the same weights), ``"cosine": {variant: [...]}, "rel_error": {variant: [...]},
+    "embedding_share": {variant: [...]}`` (the token embedding's share of ||g - g_fp32||^2), ``"fp8_steps":
+    {"fp8 delayed" | "fp8 current": [per step: {kind: {"overflows": n, "underflows": n}}]}}``, kinds input,
+    weight, grad. ``config_overrides`` change the ``TransformerConfig`` (default: 2 layers, d_model 64, 4 heads).
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     config = TransformerConfig(
         **{"d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": seq_len, **config_overrides}
     )
-    batches = byte_batches(load_corpus("shakespeare"), batch, seq_len, steps, seed=seed)
+    text = load_corpus("shakespeare")
+    batches = byte_batches(text, batch, seq_len, steps, seed=seed)
+    others = byte_batches(text, batch, seq_len, steps, seed=seed + NOISE_SEED_OFFSET)  # B': independent windows
     torch.manual_seed(seed)
     model = CausalLM(config)
     shadows = {
@@ -116,15 +123,22 @@ def gradient_errors(
         "bf16": copy.deepcopy(model),
     }
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    out = {"loss": [], "grad_norm": [], "cosine": {v: [] for v in shadows}, "rel_error": {v: [] for v in shadows}}
+    out = {"loss": [], "grad_norm": [], "noise": []}
+    out.update({key: {v: [] for v in shadows} for key in ("cosine", "rel_error", "embedding_share")})
+    names = [name for name, _ in model.named_parameters()]  # _flat_grad's order
+    n_embed = model.transformer.tok_embed.weight.numel()
+    if names[0] != "transformer.tok_embed.weight":
+        raise RuntimeError(f"expected the token embedding as the first parameter, got {names[0]!r}")
     counts = {v: [fp8_counts(shadows[v])] for v in shadows if v.startswith("fp8")}  # running totals, from zero
-    for ids in batches:  # (B, T)
+    for ids, other in zip(batches, others):  # (B, T) each
+        g_other = _gradient(model, other, "fp32")  # the same weights, another batch: sampling noise
         optimizer.zero_grad(set_to_none=True)
         loss = lm_loss(model(ids), ids)
         loss.backward()
         g32 = _flat_grad(model)
         out["loss"].append(loss.item())
         out["grad_norm"].append(float(g32.norm()))
+        out["noise"].append(float((g_other - g32).norm() / g32.norm()))
         for variant, shadow in shadows.items():
             with torch.no_grad():
                 for p, q in zip(shadow.parameters(), model.parameters()):  # the same order: the same modules
@@ -132,6 +146,8 @@ def gradient_errors(
             g = _gradient(shadow, ids, variant)
             out["cosine"][variant].append(float(g @ g32 / (g.norm() * g32.norm())))
             out["rel_error"][variant].append(float((g - g32).norm() / g32.norm()))
+            sq = (g - g32).pow(2)  # (n_params,)
+            out["embedding_share"][variant].append(float(sq[:n_embed].sum() / sq.sum()))
             if variant in counts:
                 counts[variant].append(fp8_counts(shadow))
         optimizer.step()
