@@ -9,6 +9,11 @@ from torch.optim.adam import adam
 from llmedu.checks.adamw_fix import check_adamw_fix
 from llmedu.checks.low_precision import (
     DECAY_CASES,
+    LINE_BUDGET,
+    REPLAY_STEPS,
+    TIME_LIMIT_S,
+    _final_weight,
+    _replay,
     check_decay_ratio,
     check_dynamic_map_error,
     measured_decay_ratio,
@@ -117,3 +122,71 @@ def test_fp8_underflow_refuses_numpy_sampling():
 
     result = check_fp8_underflow(by_numpy_sampling)
     assert not result and "torch or numpy" in result.failure and "numpy." in result.failure
+
+
+# -- the method, with plain Python and numpy: simulating or scanning is refused, deriving passes -------
+def decay_ratio_by_simulating(w, grad, lr, weight_decay, steps):
+    """The right ratio by a scalar Adam loop in plain Python: no torch, but a simulation, not a prediction."""
+    b1, b2 = 0.9, 0.999
+
+    def final(wd, coupled):
+        p, m, v = w, 0.0, 0.0
+        for t in range(1, steps + 1):
+            g = (grad if t % 2 else -grad) + (wd * p if coupled else 0.0)
+            p -= 0.0 if coupled else lr * wd * p
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+            p -= lr * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + 1e-8)
+        return p
+
+    none = final(0.0, False)
+    return (none - final(weight_decay, True)) / (none - final(weight_decay, False))
+
+
+def test_decay_ratio_refuses_a_plain_python_simulation_by_its_time_limit():
+    result = check_decay_ratio(decay_ratio_by_simulating)
+    assert not result and f"steps={DECAY_CASES[-1][-1]:,}" in result.failure, result.failure
+    assert f"more than {TIME_LIMIT_S:g} s" in result.failure and "one by one" in result.failure
+
+
+def test_decay_ratio_refuses_numpy():
+    import numpy as np
+
+    def by_numpy(w, grad, lr, weight_decay, steps):  # the formula, with numpy's sqrt of an array
+        return float(1 / (np.sqrt(np.array([grad**2 + (weight_decay * w) ** 2])) + 1e-8)[0])
+
+    result = check_decay_ratio(by_numpy)
+    assert not result and "torch or numpy" in result.failure, result.failure
+
+
+def test_long_run_reference_is_the_replayed_cycle_and_the_replay_is_adamw_update():
+    for coupled in (False, True):  # the Python replay follows adamw_update_ step for step
+        w, grad, lr, wd, steps = DECAY_CASES[1]
+        replayed = w + _replay(w, grad, lr, wd, steps, coupled)[-1]
+        assert math.isclose(replayed, _final_weight(w, grad, lr, wd, steps, coupled), rel_tol=1e-12)
+    case = DECAY_CASES[-1]
+    assert case[-1] > REPLAY_STEPS  # the long case is counted out from a settled cycle, not replayed
+    assert math.isclose(measured_decay_ratio(*case), decay_ratio(*case), rel_tol=1e-3)
+
+
+def map_error_by_plain_python_scan(decade, signed):
+    """The right number by rebuilding the map in plain Python and scanning its decision boundaries."""
+    bits = 6 if signed else 7
+    mags = [10.0**-e * (0.1 + 0.9 * (i + 0.5) / 2 ** (bits - e)) for e in range(7) for i in range(2 ** (bits - e))]
+    code = sorted([0.0, 1.0] + mags + ([-x for x in mags] if signed else []))
+    lo, hi = 10.0 ** -(decade + 1), 10.0**-decade
+    xs = [x for x in ((a + b) / 2 for a, b in zip(code, code[1:])) if lo <= x <= hi] + [lo, hi]
+    return max(min(abs(c - x) for c in code) / x for x in xs)
+
+
+def test_dynamic_map_error_refuses_a_plain_python_rebuild_and_numpy():
+    assert math.isclose(map_error_by_plain_python_scan(3, True), map_error(3, True), rel_tol=1e-4)  # right values
+    result = check_dynamic_map_error(map_error_by_plain_python_scan)
+    assert not result and "lines of Python" in result.failure and f"at most {LINE_BUDGET}" in result.failure
+
+    import numpy as np
+
+    def by_numpy(decade, signed):  # the formula through numpy
+        return float(np.max(np.array([map_error(decade, signed)])))
+
+    result = check_dynamic_map_error(by_numpy)
+    assert not result and "torch or numpy" in result.failure, result.failure

@@ -9,23 +9,38 @@ check_dynamic_map_error(fn)    fn(decade, signed) -> the largest relative round-
 
 The references are measured: the decay from three float64 runs of the library's ``adamw_update_`` (with decay
 coupled, decoupled, and none), the map's error from ``dynamic_map`` and ``nearest_code`` at every decision
-boundary of the map inside the decade and at its two ends (the relative error is largest at one of them). Both
-exercises ask for a prediction, so an answer that calls torch (running the optimizer, building the map) fails
-with a message that says so; for the first case of each, a wrong answer hears only "too high" or "too low".
+boundary of the map inside the decade and at its two ends (the relative error is largest at one of them). One
+decay case runs 10**8 steps: its reference replays the same arithmetic in Python floats (float64, ``_replay``,
+tested against ``adamw_update_``) until the bias corrections have died out and a two-step cycle of the
+displacements repeats, then counts that cycle out to 10**8 steps (the weight's own drift over them, below
+lr * steps against |w|, is left out). Both exercises ask for a prediction: an answer that calls torch or numpy
+fails with a message that says so, the decay answer runs under a time limit that a step-by-step simulation of
+10**8 steps cannot meet, and the map answer under a budget of executed Python lines that a rebuild and scan of
+the map's 256 values cannot meet. For the first case of each, a wrong answer hears only "too high" or "too low".
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import sys
+
 import torch
 
 from llmedu.checks.core import CheckResult, Grader
-from llmedu.checks.precision import _compare_headline, _recorded
+from llmedu.checks.loss_scaling import _call_with_deadline
+from llmedu.checks.precision import _compare_headline, _numpy_recorded, _recorded
 from llmedu.optim.adamw import adamw_update_
 from llmedu.optim.quantization_map import dynamic_map, nearest_code
 
-__all__ = ["check_decay_ratio", "check_dynamic_map_error"]
+__all__ = ["check_decay_ratio", "check_dynamic_map_error", "TIME_LIMIT_S", "LINE_BUDGET"]
 
 BETAS, EPS = (0.9, 0.999), 1e-8
+TIME_LIMIT_S = 2.0  # per decay answer: a formula takes microseconds, a Python loop over 10**8 steps minutes
+LINE_BUDGET = (
+    200  # Python lines one map answer may execute: a formula needs tens, a rebuild and scan of 256 values more
+)
+REPLAY_STEPS = 60_000  # beta2**60_000 < 1e-26: the bias corrections are gone long before
 
 
 def _final_weight(w: float, grad: float, lr: float, weight_decay: float, steps: int, coupled: bool) -> float:
@@ -40,8 +55,49 @@ def _final_weight(w: float, grad: float, lr: float, weight_decay: float, steps: 
     return float(p)
 
 
+def _replay(w: float, grad: float, lr: float, weight_decay: float, steps: int, coupled: bool) -> list[float]:
+    """``adamw_update_``'s arithmetic on one weight in Python floats (float64): the displacement p - w after each
+    step (kept apart from w so that steps of lr ~ 1e-12 are not rounded away against |w|)."""
+    b1, b2 = BETAS
+    d, m, v, out = 0.0, 0.0, 0.0, []
+    for t in range(1, steps + 1):
+        g = grad if t % 2 else -grad
+        if coupled:
+            g, wd = g + weight_decay * (w + d), 0.0
+        else:
+            wd = weight_decay
+        d -= lr * wd * (w + d)  # p <- p (1 - lr wd)
+        m += (1 - b1) * (g - m)  # torch.lerp with weight < 0.5
+        v = v * b2 + (1 - b2) * g * g
+        step_size = lr / (1 - b1**t)
+        denom = math.sqrt(v) / math.sqrt(1 - b2**t) + EPS
+        d -= step_size * (m / denom)
+        out.append(d)
+    return out
+
+
+@functools.cache
+def converged_decay_ratio(w: float, grad: float, lr: float, weight_decay: float, steps: int) -> float:
+    """The ratio for a run too long to replay: replay ``REPLAY_STEPS`` steps (same parity as ``steps``), check that
+    the last two-step cycle of each decay's displacement repeats the one before it, and count it out to ``steps``."""
+    n = REPLAY_STEPS + (steps - REPLAY_STEPS) % 2
+    none, coupled, decoupled = (
+        _replay(w, grad, lr, wd, n, c) for wd, c in ((0.0, False), (weight_decay, True), (weight_decay, False))
+    )
+    totals = []
+    for run in (coupled, decoupled):
+        gap = [a - b for a, b in zip(none, run)]  # (n,) this decay's displacement against the run without it
+        cycle, before = gap[-1] - gap[-3], gap[-3] - gap[-5]
+        if not math.isclose(cycle, before, rel_tol=1e-6):
+            raise RuntimeError(f"the decay per cycle has not settled after {n} steps: {before!r} then {cycle!r}")
+        totals.append(gap[-1] + (steps - n) // 2 * cycle)
+    return totals[0] / totals[1]
+
+
 def measured_decay_ratio(w: float, grad: float, lr: float, weight_decay: float, steps: int) -> float:
     """(w_none - w_coupled) / (w_none - w_decoupled): each decay measured against the run without decay."""
+    if steps > REPLAY_STEPS:
+        return converged_decay_ratio(w, grad, lr, weight_decay, steps)
     none = _final_weight(w, grad, lr, 0.0, steps, coupled=False)
     coupled = _final_weight(w, grad, lr, weight_decay, steps, coupled=True)
     decoupled = _final_weight(w, grad, lr, weight_decay, steps, coupled=False)
@@ -54,6 +110,7 @@ DECAY_CASES = [  # (w, grad, lr, weight_decay, steps): lr * steps small against 
     (1.0, 0.0, 1e-4, 0.1, 200),  # no loss gradient at all: only the decay is in m and v
     (-0.3, 0.05, 1e-4, 0.01, 300),  # a negative weight, a smaller decay
     (0.2, 0.02, 1e-5, 0.1, 100),  # gradient and decay of the same size
+    (0.5, 0.3, 1e-12, 0.1, 10**8),  # a long run: predicted in microseconds, simulated step by step in minutes
 ]
 
 
@@ -63,12 +120,17 @@ def check_decay_ratio(fn) -> CheckResult:
     ops: list[str] = []
     for case in DECAY_CASES:
         expected = measured_decay_ratio(*case)
-        got = g.call(_recorded(fn, ops), *case)
-        description = "w={}, grad={}, lr={}, weight_decay={}, steps={}".format(*case)
+        got = _call_with_deadline(g, _numpy_recorded(_recorded(fn, ops), ops), case, TIME_LIMIT_S)
+        description = "w={}, grad={}, lr={}, weight_decay={}, steps={:,}".format(*case)
+        if g.failure is not None and "_TooSlow" in g.failure:
+            g.failure = (
+                f"{description}: your function ran for more than {TIME_LIMIT_S:g} s. Simulating the steps one by one "
+                f"cannot finish {case[-1]:,} of them; predict the ratio from what m_hat and v_hat settle to"
+            )
         if not g.expect(
             f"{description}: the method",
             not ops,
-            f"your function calls torch ({', '.join(sorted(set(ops)))}): running the two optimizers is the "
+            f"your function calls torch or numpy ({', '.join(sorted(set(ops)))}): running the two optimizers is the "
             "grader's measurement; predict the ratio from what m_hat and v_hat become",
         ):
             break
@@ -76,6 +138,22 @@ def check_decay_ratio(fn) -> CheckResult:
         if not compare(g, description, got, expected, rtol=0.05):
             break
     return g.result()
+
+
+def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int]):
+    """``g.call(fn, *args)``, adding to ``lines[0]`` every Python line executed inside it (any frame)."""
+
+    def tracer(frame, event, arg):
+        if event == "line":
+            lines[0] += 1
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return g.call(fn, *args)
+    finally:
+        sys.settrace(previous)
 
 
 def measured_map_error(decade: int, signed: bool) -> float:
@@ -104,13 +182,18 @@ def check_dynamic_map_error(fn) -> CheckResult:
     ops: list[str] = []
     for decade, signed in MAP_CASES:
         expected = measured_map_error(decade, signed)
-        got = g.call(_recorded(fn, ops), decade, signed)
+        lines = [0]
+        got = _call_counting_lines(g, _numpy_recorded(_recorded(fn, ops), ops), (decade, signed), lines)
         description = f"decade={decade}, signed={signed}"
         if not g.expect(
             f"{description}: the method",
-            not ops,
-            f"your function calls torch ({', '.join(sorted(set(ops)))}): building the map and scanning it is the "
-            "grader's measurement; derive the largest error from how the map places its values",
+            not ops and lines[0] <= LINE_BUDGET,
+            f"your function calls torch or numpy ({', '.join(sorted(set(ops)))}): building the map and scanning it "
+            "is the grader's measurement; derive the largest error from how the map places its values"
+            if ops
+            else f"your function executed {lines[0]:,} lines of Python for one decade (at most {LINE_BUDGET}): that "
+            "is a rebuild and scan of the map, the grader's measurement; derive the largest error from the two "
+            "places it can occur",
         ):
             break
         compare = _compare_headline if (decade, signed) == MAP_CASES[0] else Grader.compare
