@@ -4,7 +4,13 @@ import math
 
 import torch
 
-from llmedu.checks.moe import check_all_to_all_bytes, check_dropped, check_moe_parameters, check_router
+from llmedu.checks.moe import (
+    check_all_to_all_bytes,
+    check_dropped,
+    check_internode_rows,
+    check_moe_parameters,
+    check_router,
+)
 
 
 def _dropped(choices, n_experts, capacity_factor, token_major=False, floor=False):
@@ -86,3 +92,18 @@ def test_check_all_to_all_bytes():
     # the library's all_to_all_bytes gives the right number the wrong way: tests/test_graders_21.py
     assert not check_all_to_all_bytes(lambda k, r, d, v: _bytes(k, r, d, v, own=True))  # own rows never leave
     assert not check_all_to_all_bytes(lambda k, r, d, v: _bytes(k, r, d, v, combine=False))  # results come back
+
+
+def _internode(choices, home, per_node, count_home=False, per_expert=False, per_token=False):
+    flat = sum(1 for c in choices for e in c if count_home or e // per_node != home)
+    nodes = [{e // per_node for e in c} - ({-1} if count_home else {home}) for c in choices]
+    once = flat if per_expert else sum(min(len(n), 1) if per_token else len(n) for n in nodes)
+    return flat, once
+
+
+def test_check_internode_rows():
+    assert check_internode_rows(_internode)
+    assert not check_internode_rows(lambda c, h, p: _internode(c, h, p, count_home=True))  # home rows stay home
+    assert not check_internode_rows(lambda c, h, p: _internode(c, h, p, per_expert=True))  # no saving at all
+    assert not check_internode_rows(lambda c, h, p: _internode(c, h, p, per_token=True))  # one node per token
+    assert not check_internode_rows(lambda c, h, p: _internode(c, h, p)[::-1])  # (once, flat)

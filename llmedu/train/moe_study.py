@@ -7,16 +7,19 @@ on Shakespeare, small enough (d_model 64, 2 layers) that the dense model is limi
 by its data (one pass over about 4 million bytes). Dense and MoE share the attention, the tokens (the same
 batches in the same order for one seed), the steps and the schedule; each is trained from several seeds
 and scored on the same held-out bytes; ``summarise`` gives mean +- std and the difference with its
-two-sample standard error.
+two-sample standard error, ``paired_difference`` the per-seed differences (dense and MoE of one seed read
+the same batches) with Student's t on n - 1 degrees of freedom.
 
-``common_direction`` measures what the router reads: the mean cosine between each token's router input
-and the batch's mean input (1: every token the same direction; near 0: no shared component).
+The lesson's live runs: ``train_live`` trains one model for a few hundred steps and records, each step,
+every layer's share of tokens per expert, the dropped share, layer 0's mean gate and ``common_direction``
+of what layer 0's router reads (the mean cosine between each token's router input and the batch's mean
+input: 1, every token the same direction; near 0, no shared component); ``imbalance`` summarises the shares.
 
 The algorithm lives in ``llmedu.nn.moe``; this file only trains and scores it. Run by hand:
 
     python -m llmedu.train.moe_study run --seeds 0 1 2 --out data/results/moe_vs_dense_cpu.json
 
-Left out: wall-clock equality (at this size the MoE's routing costs more time than its matmuls save),
+Left out: wall-clock time (the runs record their seconds, but three shared a 2-core machine),
 expert parallelism, and any tuning: both models use one learning rate and one schedule, chosen in advance.
 """
 
@@ -52,7 +55,10 @@ __all__ = [
     "model_config",
     "train_one",
     "summarise",
+    "paired_difference",
     "common_direction",
+    "train_live",
+    "imbalance",
     "run_study",
 ]
 
@@ -179,10 +185,81 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
+def t_two_sided_p(t: float, dof: int) -> float:
+    """P(|T| >= |t|) for Student's t with ``dof`` degrees of freedom (Abramowitz & Stegun 26.7.3-4)."""
+    if dof < 1:
+        raise ValueError(f"Student's t needs dof >= 1, got {dof}")
+    theta = math.atan(abs(t) / math.sqrt(dof))
+    c2, total = math.cos(theta) ** 2, 1.0 if dof % 2 == 0 else math.cos(theta)
+    term = total
+    for j in range(2 if dof % 2 == 0 else 3, dof, 2):
+        term *= (j - 1) / j * c2
+        total += term
+    inside = math.sin(theta) * total if dof % 2 == 0 else 2 / math.pi * (theta + math.sin(theta) * total * (dof > 1))
+    return 1.0 - inside
+
+
+def paired_difference(runs: list[dict]) -> dict:
+    """MoE - dense per seed (both read the same batches): the mean, its standard error std/sqrt(n), t on n - 1
+    degrees of freedom and the two-sided p (a normal model of the per-seed differences)."""
+    held = {(r["model"], r["seed"]): r["held_out"] for r in runs}
+    seeds = sorted(s for m, s in held if m == "moe" and ("dense", s) in held)
+    if len(seeds) < 2:
+        raise ValueError(f"paired_difference needs both models from at least 2 seeds, got seeds {seeds}")
+    diffs = [held["moe", s] - held["dense", s] for s in seeds]
+    mean, se = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+    t = mean / se if se > 0 else math.copysign(math.inf, mean)
+    return dict(
+        differences=diffs, mean=mean, standard_error=se, t=t, dof=len(diffs) - 1, p=t_two_sided_p(t, len(diffs) - 1)
+    )
+
+
 def common_direction(x: torch.Tensor) -> float:
     """Mean over rows of cos(x_t, mean of the rows): how much of ``x`` (N, d) is one direction shared by all."""
     x = x.detach().reshape(-1, x.shape[-1]).float()
     return torch.nn.functional.cosine_similarity(x, x.mean(0, keepdim=True), dim=-1).mean().item()
+
+
+def train_live(cfg: TransformerConfig, steps: int, batches, held_out: torch.Tensor, device, lr: float = 3e-3) -> dict:
+    """One seed (0) at a constant learning rate, recording every step: ``lm`` loss, ``loads`` (steps, layers, E)
+    shares of tokens per expert, ``dropped`` share (all layers), layer 0's mean kept ``gate`` and the ``cos``
+    of what its router reads; then the ``valid`` loss on ``held_out``."""
+    runtime.seed_everything(0)
+    model = CausalLM(cfg).to(device)
+    rec = dict(lm=[], loads=[], dropped=[], gate=[], cos=[])
+    hooks = []
+    if cfg.moe:
+        router = model.transformer.blocks[0].mlp.router
+        hooks.append(router.register_forward_pre_hook(lambda _, args: rec["cos"].append(common_direction(args[0]))))
+        hooks.append(router.register_forward_hook(lambda _, a, out: rec["gate"].append(out[0].gate.mean().item())))
+
+    def loss_fn(m, ids):
+        main = lm_loss(m(ids), ids)
+        rec["lm"].append(main.item())
+        if stats := m.transformer.moe_stats():
+            rec["loads"].append([(s.tokens_per_expert / s.tokens_per_expert.sum()).tolist() for s in stats])
+            rec["dropped"].append(sum(s.dropped for s in stats) / sum(int(s.tokens_per_expert.sum()) for s in stats))
+        return main + m.transformer.moe_loss()
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    train(model, opt, batches, loss_fn, TrainConfig(max_steps=steps, progress=False))
+    for hook in hooks:
+        hook.remove()
+    with torch.no_grad():
+        rec["valid"] = lm_loss(model.eval()(held_out), held_out).item()
+    return dict(rec, model=model, loads=torch.tensor(rec["loads"]))  # loads: (steps, layers, E)
+
+
+def imbalance(loads: torch.Tensor, last: int = 100) -> list[dict]:
+    """Per layer, over the ``last`` steps of ``loads`` (steps, layers, E): each expert's mean share, their
+    coefficient of variation (std / mean, 0 when balanced) and how many experts got under half of 1/E."""
+    share = loads[-last:].mean(0)  # (layers, E)
+    n_experts = share.shape[-1]
+    return [
+        dict(busiest=s.max().item(), idlest=s.min().item(), cv=(s.std() / s.mean()).item(),
+             starved=int((s < 0.5 / n_experts).sum()))
+        for s in share
+    ]  # fmt: skip
 
 
 def _commit() -> str:
@@ -196,7 +273,7 @@ def _commit() -> str:
 
 def run_study(cfg: StudyConfig, seeds: list[int], log_every: int = 0) -> dict:
     """Dense and MoE from every seed; the runs, their summary (when >= 2 seeds) and the provenance."""
-    data, runs, start = _data(cfg), [], time.perf_counter()
+    data, runs, start, commit = _data(cfg), [], time.perf_counter(), _commit()  # the code that runs: HEAD now
     for seed in seeds:
         for moe in (False, True):
             runs.append(train_one(cfg, moe, seed, data, log_every))
@@ -206,7 +283,7 @@ def run_study(cfg: StudyConfig, seeds: list[int], log_every: int = 0) -> dict:
             )
     provenance = dict(
         command="python -m llmedu.train.moe_study " + " ".join(sys.argv[1:]),
-        commit=_commit(),
+        commit=commit,
         machine=runtime.machine(),
         threads=torch.get_num_threads(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
