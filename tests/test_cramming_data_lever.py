@@ -23,6 +23,7 @@ from llmedu.cramming.studies.data_lever import (
     run_data_lever,
     threshold_for_share,
 )
+from llmedu.cramming.studies.final import DATA_LEVER, data_lever_gaps, data_lever_table
 from llmedu.data.packing import MLMBatches
 from llmedu.tokenizers import WordPieceTokenizer
 
@@ -93,10 +94,43 @@ def test_held_out_text_that_the_training_text_holds_is_left_out_but_repeats_with
     assert counts["chars_after"] == sum(map(len, kept)) < counts["chars_before"]
 
 
-def test_the_gap_is_a_difference_of_means_with_the_two_sample_standard_error():
-    base = {"losses": [5.0, 5.2, 5.1], "mean": 5.1, "std": 0.1}
-    row = {"losses": [4.9, 4.8], "mean": 4.85, "std": 0.0707}
-    assert gap(row, base) == {"diff": -0.25, "se": round(math.sqrt(0.1**2 / 3 + 0.0707**2 / 2), 4)}
+def runs(losses_by_seed):
+    losses = list(losses_by_seed.values())
+    return {"runs": [{"seed": s, "val_loss": v} for s, v in losses_by_seed.items()], "losses": losses,
+            "mean": float(np.mean(losses)), "std": float(np.std(losses, ddof=1))}  # fmt: skip
+
+
+def test_the_gap_is_paired_by_seed_since_seed_s_starts_every_treatment_from_the_same_weights():
+    # the seeds spread by 0.1 nats, the treatment moves every seed by about -0.02: pairing cancels the spread
+    base = runs({0: 5.00, 1: 5.10, 2: 5.20})
+    row = runs({2: 5.18, 0: 4.99, 1: 5.07})  # listed in another order: matched by seed, not by position
+    d = [-0.01, -0.03, -0.02]
+    expected_se = float(np.std(d, ddof=1)) / math.sqrt(3)  # 0.0058; the two-sample error would be 0.072
+    got = gap(row, base)
+    assert got["diff"] == -0.02 and got["se"] == round(expected_se, 4) and got["n"] == 3
+    assert got["t"] == round(-0.02 / expected_se, 2)
+    two_sample = math.sqrt(base["std"] ** 2 / 3 + row["std"] ** 2 / 3)
+    assert got["se"] < two_sample / 10
+
+
+def test_the_paired_gap_uses_the_seeds_both_rows_hold_and_refuses_fewer_than_two():
+    base = runs({0: 5.0, 1: 5.1, 2: 5.2})
+    assert gap(runs({1: 5.0, 2: 5.2, 7: 9.9}), base)["n"] == 2
+    with pytest.raises(ValueError, match="at least 2 seeds in common, got \\[1\\]"):
+        gap(runs({1: 5.0, 7: 9.9}), base)
+
+
+def test_the_lessons_table_pairs_the_recorded_runs_by_seed():
+    results = json.loads(DATA_LEVER.read_text())
+    gaps = data_lever_gaps(results)
+    base = {r["seed"]: r["val_loss"] for r in results["rows"]["baseline"]["runs"]}
+    for name, g in gaps.items():
+        d = [r["val_loss"] - base[r["seed"]] for r in results["rows"][name]["runs"]]
+        assert g["diff"] == pytest.approx(np.mean(d)) and g["se"] == pytest.approx(np.std(d, ddof=1) / math.sqrt(3))
+        assert g["dof"] == 2 and 0 < g["p"] < 1
+    assert round(gaps["dedup"]["se"], 4) == 0.0012  # the two-sample error of the same runs is 0.0060
+    table = data_lever_table(results)
+    assert "-0.0020 +- 0.0012" in table and "+0.0018 +- 0.0011" in table
 
 
 def test_a_tiny_study_records_what_the_lesson_needs(tmp_path):

@@ -6,7 +6,14 @@ import math
 import pytest
 import torch
 
-from llmedu.checks.cramming import check_budget_choice, check_dev_protocol, check_flops_per_token, check_mask_tokens
+from llmedu.checks.cramming import (
+    best_of_k_optimism,
+    check_best_of_k,
+    check_budget_choice,
+    check_dev_protocol,
+    check_flops_per_token,
+    check_mask_tokens,
+)
 from llmedu.checks.cramming_design import _choose, loss_after, reference_flops_per_token
 from llmedu.cramming.evaluate import best_rate, protocol, summarize, sweep
 from llmedu.cramming.pretrain import mlm_flops_per_token
@@ -209,3 +216,47 @@ def test_dev_protocol_grader_passes_a_protocol_written_out(capsys):
         return {"lr": lr, "test": summarize([scorer(splits.train, splits.test, lr, s) for s in seeds])}
 
     assert check_dev_protocol(written_out), capsys.readouterr().out
+
+
+def expected_max(k):  # E[max of k N(0, 1)] = integral of x k phi(x) Phi(x)^(k-1) dx, by the midpoint rule
+    h = 1e-3
+    xs = [-10 + h * (i + 0.5) for i in range(20_000)]
+    phi = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+    return sum(x * k * phi(x) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (k - 1) * h for x in xs)
+
+
+def right_optimism(k, n_seeds, sigma):
+    return sigma / math.sqrt(n_seeds) * expected_max(k)
+
+
+def test_best_of_k_grader_passes_the_order_statistic_worked_out(capsys):
+    assert check_best_of_k(right_optimism), capsys.readouterr().out
+    assert right_optimism(2, 1, 1.0) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-9)  # the known case k = 2
+    # the grader's own reference agrees with a direct simulation of grid_protocol's report
+    g = torch.Generator().manual_seed(0)
+    reports = (0.03 * torch.randn(100_000, 6, 5, generator=g, dtype=torch.float64)).mean(2).max(1).values
+    assert float(reports.mean()) == pytest.approx(best_of_k_optimism(6, 5, 0.03), rel=0.01)
+
+
+def test_best_of_k_grader_fails_plausible_wrong_values(capsys):
+    one_score = lambda k, n, sigma: sigma * expected_max(k)  # noqa: E731  (forgets that a report is a mean)
+    sqrt_log = lambda k, n, sigma: sigma / math.sqrt(n) * math.sqrt(2 * math.log(k))  # noqa: E731  (large-k growth)
+    over_k = lambda k, n, sigma: sigma / math.sqrt(n * k)  # noqa: E731  (averaging over the rates too)
+    for fn in (one_score, sqrt_log, over_k):
+        assert not check_best_of_k(fn)
+    assert "each rate's report is a mean of n_seeds scores" in capsys.readouterr().out
+
+
+def test_best_of_k_grader_fails_the_right_value_reached_the_wrong_way(capsys):
+    def sampled(k, n, sigma):  # a fresh simulation each call: near the value, never the same twice
+        return float((sigma * torch.randn(20_000, k, n, dtype=torch.float64)).mean(2).max(1).values.mean())
+
+    def sampled_seeded(k, n, sigma):  # the same every call, but a sample: about 0.5% off
+        g = torch.Generator().manual_seed(1)
+        return float((sigma * torch.randn(20_000, k, n, generator=g, dtype=torch.float64)).mean(2).max(1).values.mean())
+
+    assert not check_best_of_k(best_of_k_optimism)  # the grader's own reference, from the library
+    assert not check_best_of_k(sampled)
+    assert not check_best_of_k(sampled_seeded)
+    out = capsys.readouterr().out
+    assert "called cramming.best_of_k_optimism" in out and "not its expected value" in out

@@ -1,6 +1,12 @@
 """Graders for lesson 25, the capstone (Cramming): packing, sparse prediction, the budget, passes, the study.
-The exercises of the lesson's page (FLOPs per token, a budget's model, BERT's masking, the protocol) live in
-``cramming_design``; they are imported here too.
+The design graders (FLOPs per token, a budget's model, BERT's masking, a protocol that leaks) live in
+``cramming_design``; they are imported here too, beside the page's fourth exercise:
+
+check_best_of_k(fn)            fn(k, n_seeds, sigma) -> the expected optimism of reporting the best of k rates'
+                               means over n_seeds test scores when no rate is better: sigma / sqrt(n_seeds) times
+                               E[max of k standard normals] (an order statistic's mean),
+                               to 1e-4 relative; worked out (a call into ``llmedu`` fails) and the same value on
+                               every call (a random sample of it fails)
 
 check_pack(fn)                 fn(documents, seq_len, cls_id, sep_id) -> (n_rows, seq_len) rows: the
                                stream doc_0 [SEP] doc_1 [SEP] ... cut into rows opening with [CLS], no padding
@@ -17,10 +23,14 @@ check_gap_curve(fn)            fn(results, task, pretrained, control) -> {labels
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from llmedu.checks.core import CheckResult, Grader
+from llmedu.checks.core import CheckResult, Grader, call_watching
 from llmedu.checks.cramming_design import (
+    LLMEDU,
+    _graders,
     check_budget_choice,
     check_dev_protocol,
     check_flops_per_token,
@@ -43,6 +53,8 @@ __all__ = [
     "check_flops_per_token",
     "check_budget_choice",
     "check_mask_tokens",
+    "best_of_k_optimism",
+    "check_best_of_k",
 ]
 
 
@@ -227,4 +239,35 @@ def check_gap_curve(fn) -> CheckResult:
             g.compare(f"{where}, {n} labels: the gap of each seed", list(summary["scores"]), exp["scores"], atol=1e-9)
             g.compare(f"{where}, {n} labels: the mean gap", summary["mean"], exp["mean"], atol=1e-9)
             g.compare(f"{where}, {n} labels: the spread of the gaps", summary["std"], exp["std"], atol=1e-9)
+    return g.result()
+
+
+def best_of_k_optimism(k: int, n_seeds: int, sigma: float) -> float:
+    """E[reported] - true accuracy for the best of k equally good rates, each the mean of n_seeds scores with
+    noise sigma: sigma / sqrt(n_seeds) * E[max of k N(0, 1)], E = integral of x k phi(x) Phi(x)^(k-1) dx."""
+    x = torch.linspace(-12.0, 12.0, 48_001, dtype=torch.float64)
+    density = k * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi) * torch.special.ndtr(x) ** (k - 1)
+    return sigma / math.sqrt(n_seeds) * float(torch.trapezoid(x * density, x)) if k > 1 else 0.0
+
+
+def check_best_of_k(fn) -> CheckResult:
+    """``fn(k, n_seeds, sigma)`` -> the expected optimism of ``grid_protocol``'s report, worked out, not sampled."""
+    g = Grader("check_best_of_k")
+    for k, n, sigma in ((1, 3, 0.02), (2, 1, 1.0), (6, 5, 0.03), (3, 2, 0.1), (10, 4, 0.5)):
+        where = f"k={k} rates, n_seeds={n}, sigma={sigma}"
+        got, asked = call_watching(g, fn, (k, n, sigma), LLMEDU, _graders)
+        if not g.expect(f"{where}: worked out", asked is None, f"your function called {asked}: derive the value"):
+            break
+        if not g.expect(f"{where}: a number", isinstance(got, (int, float)), f"expected a float, got {got!r:.60}"):
+            break
+        again = g.call(fn, k, n, sigma)
+        detail = f"it returned {got!r}, then {again!r}: a random sample of the optimism, not its expected value"
+        if not g.expect(f"{where}: the same value twice", again == got, detail):
+            break
+        expected = best_of_k_optimism(k, n, sigma)
+        per_score = n > 1 and math.isclose(got, expected * math.sqrt(n), rel_tol=1e-3)
+        detail = "this is the optimism of one score per rate: each rate's report is a mean of n_seeds scores"
+        if not g.expect(f"{where}: the noise of a mean", not per_score, detail):
+            break
+        g.compare(f"{where}: the expected optimism", got, expected, rtol=1e-4, atol=1e-12)
     return g.result()

@@ -1,7 +1,6 @@
 """The data lever: Cramming's dataset optimisations at course scale (Geiping & Goldstein 2022, sec. 4.4).
 
     results = run_data_lever(out="data/results/cramming_data_lever_cpu.json")   # 4 rows x 3 seeds
-
 Having found that architecture changes hit the scaling law's wall, the paper turns to "better tokens" (sec. 4.4):
 
 * **deduplication** (exact substrings, Lee et al. 2022): "not to help in downstream performance in our case";
@@ -32,8 +31,8 @@ so the paper's t = 0.3 would drop most of ours: t is set by the share it drops. 
 held-out rows: the validation split of every corpus, neither deduplicated nor filtered, less any document or long
 line that the baseline's training text holds (``remove_seen``); each treatment only removes training text, so
 no row is scored on text it trained on. The seed draws the initial weights, the masks and (unsorted rows) the
-order; the held-out masks are fixed (``EVAL_SEED``). A row's gap to the baseline is a difference of means over
-seeds that share nothing: its standard error is the two-sample one, sqrt(s_a^2 / n_a + s_b^2 / n_b).
+order; the held-out masks are fixed (``EVAL_SEED``). Seed s starts every row from the same weights, so a row's gap
+to the baseline is paired by seed (``final.paired``): the mean of the per-seed differences, error s_d / sqrt(n).
 
 Left out: near-duplicate and substring deduplication (Lee et al.'s suffix arrays), swapping the data source
 (the paper's other pathway), the end-of-training batch increase, downstream tasks (the held-out MLM loss only).
@@ -42,7 +41,6 @@ Left out: near-duplicate and substring deduplication (Lee et al.'s suffix arrays
 from __future__ import annotations
 
 import datetime
-import math
 import subprocess
 import sys
 import time
@@ -62,6 +60,7 @@ from ..evaluate import summarize
 from ..pretrain import _adamw, evaluate_mlm, mlm_loss_fn
 from ..recipe import TINY_SHAPE, BudgetClock, budget_accumulation, budget_schedule, crammed
 from .budget_runs import study_results, write_results
+from .final import paired
 
 __all__ = ["TREATMENTS", "compression_rates", "threshold_for_share", "filter_by_compression", "prevalence_scores"]
 __all__ += ["prevalence_order", "remove_seen", "InOrderBatches", "check_settings", "run_data_lever"]
@@ -243,9 +242,10 @@ def train_run(recipe, batches, steps: int, seed: int, score, evals: int, device)
 
 
 def gap(row: dict, baseline: dict) -> dict:
-    """The row's mean minus the baseline's, with the two-sample standard error (the seeds share nothing)."""
-    se = math.sqrt(row["std"] ** 2 / len(row["losses"]) + baseline["std"] ** 2 / len(baseline["losses"]))
-    return {"diff": round(row["mean"] - baseline["mean"], 4), "se": round(se, 4)}
+    """The row's held-out loss minus the baseline's, paired by seed (seed s starts both from the same weights)."""
+    losses = [{r["seed"]: r["val_loss"] for r in x["runs"]} for x in (row, baseline)]
+    g = paired(*losses)
+    return {"diff": round(g["diff"], 4), "se": round(g["se"], 4), "t": round(g["t"], 2), "n": g["n"]}
 
 
 def _git() -> dict:

@@ -10,6 +10,11 @@ compares the two means with the standard error sqrt(s_a^2 / n_a + s_b^2 / n_b) a
 of freedom, which need not be whole; the p-value comes from Student's t through the regularised incomplete beta
 function (Numerical Recipes, 3rd ed., sec. 6.4, the continued fraction of sec. 6.4.1 by modified Lentz).
 
+The data lever is the opposite case: seed s starts every treatment from the same weights (``data_lever``'s runs
+call ``seed_everything(s)`` before building the model), so a treatment's gap to the baseline is paired by seed
+(``paired``): the mean of the per-seed differences, its standard error s_d / sqrt(n) and t on n - 1 degrees of
+freedom. What the seeds share cancels in each difference; a two-sample error would count it as noise.
+
 Left out: any correction for several looks at one test split; the MiniLM row is a reference of another size,
 vocabulary and training, not a point on a scale of pretraining compute.
 """
@@ -25,7 +30,7 @@ from pathlib import Path
 from .report import load_study, per_seed_average
 
 __all__ = ["FINAL", "RECIPES", "DATA_LEVER", "load_study", "load_recipes", "student_t_sf2", "welch", "final_table"]
-__all__ += ["data_lever_table", "FINAL_ROWS"]
+__all__ += ["paired", "data_lever_gaps", "data_lever_table", "FINAL_ROWS"]
 
 RESULTS = Path(__file__).resolve().parents[3] / "data" / "results"
 FINAL = RESULTS / "cramming_study_cpu_60m_5seeds_wide_minilm.json"  # the final protocol, after an hour
@@ -94,6 +99,26 @@ def welch(a: Sequence[float], b: Sequence[float]) -> dict:
     return {"diff": diff, "se": se, "t": t, "dof": dof, "p": student_t_sf2(t, dof)}
 
 
+def paired(a: dict[int, float], b: dict[int, float]) -> dict:
+    """mean(a[s] - b[s]) over the seeds both hold, paired seed by seed: the difference, its standard error
+    stdev(d) / sqrt(n), t, dof = n - 1, p (two-sided), and n."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        raise ValueError(
+            f"a paired difference needs at least 2 seeds in common, got {seeds} (of {sorted(a)} and {sorted(b)})"
+        )
+    d = [a[s] - b[s] for s in seeds]
+    diff, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+    t = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
+    return {"diff": diff, "se": se, "t": t, "dof": len(d) - 1, "p": student_t_sf2(t, len(d) - 1), "n": len(d)}
+
+
+def data_lever_gaps(results: dict) -> dict:
+    """{treatment: ``paired`` gap to the baseline}, from the held-out loss of every run, matched by its seed."""
+    by_seed = {name: {r["seed"]: r["val_loss"] for r in row["runs"]} for name, row in results["rows"].items()}
+    return {name: paired(losses, by_seed["baseline"]) for name, losses in by_seed.items() if name != "baseline"}
+
+
 def final_table(study: dict) -> str:
     """Test accuracy (%) per task and on the task average, mean +- std over seeds; rows in ``FINAL_ROWS`` order."""
     tasks = list(study["tasks"])
@@ -113,10 +138,18 @@ def final_table(study: dict) -> str:
 
 
 def data_lever_table(results: dict) -> str:
-    """Held-out MLM loss per treatment (mean +- std over seeds) and its difference from the baseline (+- 1 s.e.)."""
-    lines = [f"{'treatment':<20}{'seeds':>6}{'held-out loss':>18}{'vs baseline':>20}{'passes':>8}"]
+    """Held-out MLM loss per treatment (mean +- std over seeds) and its gap to the baseline paired by seed (+- 1
+    s.e., t on n - 1 dof and its two-sided p), computed from the runs' own losses by ``data_lever_gaps``."""
+    gaps = data_lever_gaps(results)
+    head = (
+        f"{'treatment':<20}{'seeds':>6}{'held-out loss':>18}{'vs baseline (paired)':>23}{'t':>7}{'p':>7}{'passes':>8}"
+    )
+    lines = [head]
     for name, row in results["rows"].items():
-        gap = row.get("vs_baseline")
+        gap = gaps.get(name)
         vs = f"{gap['diff']:+.4f} +- {gap['se']:.4f}" if gap else "-"
-        lines.append(f"{name:<20}{row['n']:>6}{row['mean']:>11.4f} +- {row['std']:.4f}{vs:>20}{row['passes']:>8}")
+        t, p = (f"{gap['t']:+.1f}", f"{gap['p']:.2f}") if gap else ("", "")
+        lines.append(
+            f"{name:<20}{row['n']:>6}{row['mean']:>11.4f} +- {row['std']:.4f}{vs:>23}{t:>7}{p:>7}{row['passes']:>8}"
+        )
     return "\n".join(lines)
