@@ -27,7 +27,7 @@ from llmedu.models import CausalLM, TransformerConfig
 from llmedu.models.counting import count_parameters
 
 __all__ = ["check_gpt2_parameters", "check_llama_flops", "check_attention_crossover", "check_unshifted_predictions"]
-__all__ += ["llama_matmul_parameters"]
+__all__ += ["llama_matmul_parameters", "GENERATES", "WHY"]
 
 _LLMEDU = str(Path(__file__).resolve().parents[1])
 _GRADING = str(Path(__file__).resolve().parent / "core.py")  # the Grader itself, which runs the learner's function
@@ -159,17 +159,16 @@ def check_attention_crossover(t) -> CheckResult:
 
 # -- exercise 2: the unshifted loss, predicted before it is fixed -----------------------------------------
 GENERATES = {
-    "a": "text much like the correctly trained model's, since its loss was lower",
+    "a": "text like the correctly trained model's, since its loss is lower",
     "b": "the prompt's last byte, again and again",
     "c": "bytes drawn uniformly at random",
     "d": "the prompt again, from its first byte",
 }
 WHY = {
-    "a": "the mask is added after the softmax, too late to hide anything",
-    "b": "flatten(0, 1) mixes the sequences of the batch, so one sequence sees another's tokens",
-    "c": "the mask hides only later positions: position t still holds token t (its own embedding and the "
-    "mask's diagonal), and token t is what the unshifted loss asks it to predict",
-    "d": "the mask is used only at generation time, not in training",
+    "a": "the mask is added after the softmax, too late to hide any position",
+    "b": "flatten(0, 1) joins the batch's sequences, so each one sees the next one's tokens",
+    "c": "the mask hides only later positions: position t holds token t itself, the token it is scored on",
+    "d": "the mask is applied at generation time only, not during training",
 }
 
 
