@@ -2,6 +2,7 @@
 the wrong way (by running what the exercise asks to predict, or by calling a library Adam step)."""
 
 import math
+import time
 
 import torch
 from torch.optim.adam import adam
@@ -9,6 +10,7 @@ from torch.optim.adam import adam
 from llmedu.checks.adamw_fix import check_adamw_fix
 from llmedu.checks.low_precision import (
     DECAY_CASES,
+    DECAY_LINE_BUDGET,
     LINE_BUDGET,
     REPLAY_STEPS,
     TIME_LIMIT_S,
@@ -125,27 +127,60 @@ def test_fp8_underflow_refuses_numpy_sampling():
 
 
 # -- the method, with plain Python and numpy: simulating or scanning is refused, deriving passes -------
-def decay_ratio_by_simulating(w, grad, lr, weight_decay, steps):
-    """The right ratio by a scalar Adam loop in plain Python: no torch, but a simulation, not a prediction."""
+def decay_ratio_by_simulating(w, grad, lr, weight_decay, steps, cap=None, sqrt=math.sqrt, number=float):
+    """The right ratio by a scalar Adam loop in plain Python: no torch, but a simulation, not a prediction. With
+    ``cap``, only the first min(steps, cap) steps: the ratio settles long before 200, so a capped run is right."""
     b1, b2 = 0.9, 0.999
 
     def final(wd, coupled):
-        p, m, v = w, 0.0, 0.0
-        for t in range(1, steps + 1):
+        p, m, v = number(w), 0.0, 0.0
+        for t in range(1, min(steps, cap or steps) + 1):
             g = (grad if t % 2 else -grad) + (wd * p if coupled else 0.0)
             p -= 0.0 if coupled else lr * wd * p
             m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-            p -= lr * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + 1e-8)
+            p -= lr * (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + 1e-8)
         return p
 
     none = final(0.0, False)
     return (none - final(weight_decay, True)) / (none - final(weight_decay, False))
 
 
-def test_decay_ratio_refuses_a_plain_python_simulation_by_its_time_limit():
+def test_decay_ratio_refuses_a_plain_python_simulation_by_its_line_budget():
     result = check_decay_ratio(decay_ratio_by_simulating)
-    assert not result and f"steps={DECAY_CASES[-1][-1]:,}" in result.failure, result.failure
-    assert f"more than {TIME_LIMIT_S:g} s" in result.failure and "one by one" in result.failure
+    assert not result and f"steps={DECAY_CASES[0][-1]:,}" in result.failure, result.failure
+    assert f"more than {DECAY_LINE_BUDGET} lines" in result.failure, result.failure
+
+
+def test_decay_ratio_refuses_a_capped_simulation_and_passes_the_closed_form():
+    import numpy as np
+
+    capped = {
+        "cap 200": lambda *case: decay_ratio_by_simulating(*case, cap=200),
+        "cap 20,000": lambda *case: decay_ratio_by_simulating(*case, cap=20_000),
+        "cap 200, numpy floats": lambda *case: decay_ratio_by_simulating(
+            *case, cap=200, sqrt=np.sqrt, number=np.float64
+        ),
+    }
+    for name, fn in capped.items():
+        for case in DECAY_CASES[:-1]:  # the values are right: only the method fails it
+            assert math.isclose(fn(*case), measured_decay_ratio(*case), rel_tol=0.05), (name, case)
+        result = check_decay_ratio(fn)
+        assert not result and "cannot finish" not in result.failure, (name, result.failure)
+        if "numpy" in name:  # its closure holds np.sqrt and np.float64
+            assert "torch or numpy (np)" in result.failure, result.failure
+        else:
+            assert "lines of Python" in result.failure and "for all of them or for some" in result.failure, name
+    assert check_decay_ratio(decay_ratio)  # 1 / sqrt(g^2 + (lambda w)^2): a few lines, within the budget
+
+
+def test_decay_ratio_time_limit_does_not_suggest_a_cap():
+    def slow_formula(w, grad, lr, weight_decay, steps):  # few lines, but slow: the time limit, not the budget
+        time.sleep(TIME_LIMIT_S + 0.1)
+        return decay_ratio(w, grad, lr, weight_decay, steps)
+
+    result = check_decay_ratio(slow_formula)
+    assert not result and f"more than {TIME_LIMIT_S:g} s" in result.failure, result.failure
+    assert "for all of them or for some" in result.failure and "cannot finish" not in result.failure
 
 
 def test_decay_ratio_refuses_numpy():
@@ -156,6 +191,28 @@ def test_decay_ratio_refuses_numpy():
 
     result = check_decay_ratio(by_numpy)
     assert not result and "torch or numpy" in result.failure, result.failure
+
+
+def test_decay_ratio_refuses_numpy_ufuncs_and_numpy_scalars():
+    import numpy as np
+
+    def by_ufunc(w, grad, lr, weight_decay, steps):  # a ufunc call makes no event the profiler sees
+        return float(1 / np.sqrt(grad**2 + (weight_decay * w) ** 2))
+
+    def by_default_argument(w, grad, lr, weight_decay, steps, root=np.sqrt):  # no numpy name: a numpy scalar back
+        return 1 / root(grad**2 + (weight_decay * w) ** 2)
+
+    namespace = {"__name__": "notebook"}  # a notebook's globals: numpy imported by name, and a helper that uses it
+    exec(
+        "from numpy import sqrt\n"
+        "def root(x):\n    return float(sqrt(x))\n"
+        "def by_helper(w, grad, lr, weight_decay, steps):\n    return 1 / root(grad**2 + (weight_decay * w) ** 2)\n",
+        namespace,
+    )
+    for fn in (by_ufunc, by_default_argument, namespace["by_helper"]):
+        assert math.isclose(fn(*DECAY_CASES[0]), decay_ratio(*DECAY_CASES[0]), rel_tol=1e-6)  # right values
+        result = check_decay_ratio(fn)
+        assert not result and "torch or numpy" in result.failure, (fn.__name__, result.failure)
 
 
 def test_long_run_reference_is_the_replayed_cycle_and_the_replay_is_adamw_update():
@@ -190,3 +247,29 @@ def test_dynamic_map_error_refuses_a_plain_python_rebuild_and_numpy():
 
     result = check_dynamic_map_error(by_numpy)
     assert not result and "torch or numpy" in result.failure, result.failure
+
+
+def map_error_by_numpy_ufunc_rebuild(decade, signed):
+    """The right number by rebuilding the map with numpy ufuncs on lists: few Python lines, no profiled call."""
+    import numpy as np
+
+    bits = 6 if signed else 7
+    exps = sum(([e] * 2 ** (bits - e) for e in range(7)), [])  # (127,) each positive value's decade
+    idx = sum((list(range(2 ** (bits - e))) for e in range(7)), [])  # its bin inside that decade
+    bins = np.power(2.0, np.subtract(bits, exps))
+    frac = np.add(0.1, np.divide(np.multiply(0.9, np.add(idx, 0.5)), bins))
+    mags = np.multiply(np.power(10.0, np.negative(exps)), frac)
+    code = sorted(list(mags) + [0.0, 1.0] + (list(np.negative(mags)) if signed else []))
+    lo, hi = 10.0 ** -(decade + 1), 10.0**-decade
+    mids = np.multiply(np.add(code[1:], code[:-1]), 0.5)  # the decision boundaries, half a gap from two values
+    err = np.divide(np.multiply(np.subtract(code[1:], code[:-1]), 0.5), mids)
+    inside = np.logical_and(np.greater_equal(mids, lo), np.less_equal(mids, hi))
+    ends = [min(np.abs(np.subtract(code, x))) / x for x in (lo, hi)]
+    return float(max(max(np.multiply(err, inside)), *ends))
+
+
+def test_dynamic_map_error_refuses_a_rebuild_with_numpy_ufuncs():
+    for decade, signed in ((3, True), (0, False), (6, True)):  # the values are right: only the method fails it
+        assert math.isclose(map_error_by_numpy_ufunc_rebuild(decade, signed), map_error(decade, signed), rel_tol=1e-4)
+    result = check_dynamic_map_error(map_error_by_numpy_ufunc_rebuild)
+    assert not result and "torch or numpy (numpy)" in result.failure, result.failure

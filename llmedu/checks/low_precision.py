@@ -13,30 +13,36 @@ boundary of the map inside the decade and at its two ends (the relative error is
 decay case runs 10**8 steps: its reference replays the same arithmetic in Python floats (float64, ``_replay``,
 tested against ``adamw_update_``) until the bias corrections have died out and a two-step cycle of the
 displacements repeats, then counts that cycle out to 10**8 steps (the weight's own drift over them, below
-lr * steps against |w|, is left out). Both exercises ask for a prediction: an answer that calls torch or numpy
-fails with a message that says so, the decay answer runs under a time limit that a step-by-step simulation of
-10**8 steps cannot meet, and the map answer under a budget of executed Python lines that a rebuild and scan of
-the map's 256 values cannot meet. For the first case of each, a wrong answer hears only "too high" or "too low".
+lr * steps against |w|, is left out). Both exercises ask for a prediction: an answer that calls torch, names
+numpy (in its code or a helper of the same namespace) or returns a numpy scalar fails with a message that says so;
+each answer runs under a budget of executed Python lines that a formula meets and a simulation of Adam's steps (even
+one capped at a few dozen) or a rebuild and scan of the map's 256 values cannot, and the decay answer also under a
+time limit. For the first case of each, a wrong answer hears only "too high" or "too low".
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import math
 import sys
+import time
+import types
 
 import torch
 
 from llmedu.checks.core import CheckResult, Grader
-from llmedu.checks.loss_scaling import _call_with_deadline
-from llmedu.checks.precision import _compare_headline, _numpy_recorded, _recorded
+from llmedu.checks.loss_scaling import _TooSlow
+from llmedu.checks.precision import _compare_headline, _numpy_recorded, _recorded, _RecordOps
 from llmedu.optim.adamw import adamw_update_
 from llmedu.optim.quantization_map import dynamic_map, nearest_code
 
-__all__ = ["check_decay_ratio", "check_dynamic_map_error", "TIME_LIMIT_S", "LINE_BUDGET"]
+__all__ = ["check_decay_ratio", "check_dynamic_map_error", "TIME_LIMIT_S", "LINE_BUDGET", "DECAY_LINE_BUDGET"]
 
 BETAS, EPS = (0.9, 0.999), 1e-8
 TIME_LIMIT_S = 2.0  # per decay answer: a formula takes microseconds, a Python loop over 10**8 steps minutes
+DECAY_LINE_BUDGET = 100  # Python lines one decay answer may execute (with the grader's wrappers, a formula: ~25);
+# Adam's ratio settles within about 50 steps, and a loop over them runs hundreds of lines
 LINE_BUDGET = (
     200  # Python lines one map answer may execute: a formula needs tens, a rebuild and scan of 256 values more
 )
@@ -120,18 +126,26 @@ def check_decay_ratio(fn) -> CheckResult:
     ops: list[str] = []
     for case in DECAY_CASES:
         expected = measured_decay_ratio(*case)
-        got = _call_with_deadline(g, _numpy_recorded(_recorded(fn, ops), ops), case, TIME_LIMIT_S)
+        wrapped = _stoppable(_numpy_recorded(_recorded_always(fn, ops), ops))
+        lines, start = [0], time.perf_counter()
+        got = _call_counting_lines(g, wrapped, case, lines, budget=DECAY_LINE_BUDGET, seconds=TIME_LIMIT_S)
+        slow = isinstance(got, _TooSlow) or time.perf_counter() - start > TIME_LIMIT_S  # also if it caught the stop
         description = "w={}, grad={}, lr={}, weight_decay={}, steps={:,}".format(*case)
-        if g.failure is not None and "_TooSlow" in g.failure:
-            g.failure = (
-                f"{description}: your function ran for more than {TIME_LIMIT_S:g} s. Simulating the steps one by one "
-                f"cannot finish {case[-1]:,} of them; predict the ratio from what m_hat and v_hat settle to"
-            )
+        uses = sorted(set(ops) | _numpy_names(fn)) or (["a numpy scalar"] if _is_numpy(got) else [])
+        simulating = "simulating Adam's steps, for all of them or for some, is the grader's measurement"
         if not g.expect(
             f"{description}: the method",
-            not ops,
-            f"your function calls torch or numpy ({', '.join(sorted(set(ops)))}): running the two optimizers is the "
-            "grader's measurement; predict the ratio from what m_hat and v_hat become",
+            not uses,
+            f"your function uses torch or numpy ({', '.join(uses)}): running the two optimizers is the grader's "
+            "measurement; predict the ratio in plain Python (math) from what m_hat and v_hat become",
+        ) or not g.expect(
+            f"{description}: the method",
+            not slow and lines[0] <= DECAY_LINE_BUDGET,
+            f"your function ran for more than {TIME_LIMIT_S:g} s: {simulating}; predict the ratio from what m_hat "
+            "and v_hat settle to"
+            if slow
+            else f"your function executed more than {DECAY_LINE_BUDGET} lines of Python: {simulating}; predict the "
+            "ratio from what m_hat and v_hat settle to",
         ):
             break
         compare = _compare_headline if case == DECAY_CASES[0] else Grader.compare
@@ -140,12 +154,53 @@ def check_decay_ratio(fn) -> CheckResult:
     return g.result()
 
 
-def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int]):
-    """``g.call(fn, *args)``, adding to ``lines[0]`` every Python line executed inside it (any frame)."""
+class _OverBudget(Exception):
+    """Raised inside an answer once it has executed more Python lines than its budget."""
+
+
+def _stoppable(fn):
+    """``fn``, returning the ``_OverBudget`` or ``_TooSlow`` that stopped it instead of raising it."""
+
+    def call(*args):
+        try:
+            return fn(*args)
+        except (_OverBudget, _TooSlow) as stop:
+            return stop
+
+    return call
+
+
+def _recorded_always(fn, ops: list[str]):
+    """``_recorded``, except that the torch ops are appended to ``ops`` even when ``fn`` is stopped mid-way."""
+
+    def call(*args):
+        recorder = _RecordOps()
+        try:
+            with recorder:
+                return fn(*args)
+        finally:
+            ops.extend(recorder.names)
+
+    return call
+
+
+def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int], budget: int | None = None, seconds=None):
+    """``g.call(fn, *args)``, adding to ``lines[0]`` every Python line executed inside it (any frame); stopped with
+    ``_OverBudget`` past ``budget`` lines and with ``_TooSlow`` past ``seconds``, when they are given."""
+    deadline = None if seconds is None else time.perf_counter() + seconds
+    stopped = []  # raise once: the handlers that catch the stop run traced too
 
     def tracer(frame, event, arg):
         if event == "line":
             lines[0] += 1
+        if stopped:
+            return tracer
+        if budget is not None and lines[0] > budget:
+            stopped.append(True)
+            raise _OverBudget(f"more than {budget} lines")
+        if deadline is not None and time.perf_counter() > deadline:
+            stopped.append(True)
+            raise _TooSlow(f"ran past {seconds:g} s")
         return tracer
 
     previous = sys.gettrace()
@@ -154,6 +209,57 @@ def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int]):
         return g.call(fn, *args)
     finally:
         sys.settrace(previous)
+
+
+def _numpy_names(fn) -> set[str]:
+    """The names in ``fn``'s code (and its nested functions', closures' and same-namespace helpers') that resolve to
+    numpy: the module, a submodule, or anything defined in it (np.sqrt, np.float64), and numpy imported inside it.
+    A ufunc makes no call event that ``_numpy_recorded`` could see, so the names are read from the code."""
+    found: set[str] = set()
+    seen: set[int] = set()
+
+    def visit(f) -> None:
+        if id(f) in seen or not isinstance(f, types.FunctionType):
+            return
+        seen.add(id(f))
+        cells = zip(f.__code__.co_freevars, f.__closure__ or ())
+        values = {name: cell.cell_contents for name, cell in cells if _filled(cell)}  # what its closure holds
+        codes = [f.__code__]
+        while codes:
+            code = codes.pop()
+            codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+            imports = {i.argval for i in dis.get_instructions(code) if i.opname == "IMPORT_NAME"}
+            found.update(name for name in imports if name.split(".")[0] == "numpy")  # import numpy inside it
+            for name in code.co_names + code.co_freevars:
+                obj = values[name] if name in values else f.__globals__.get(name)
+                if obj is None:
+                    continue
+                if _is_numpy(obj):
+                    found.add(name)
+                elif isinstance(obj, types.FunctionType) and obj.__globals__ is f.__globals__:
+                    visit(obj)  # a helper the answer defined beside it
+        for obj in values.values():
+            if isinstance(obj, types.FunctionType):
+                visit(obj)
+
+    visit(fn)
+    return found
+
+
+def _is_numpy(obj) -> bool:
+    """Is ``obj`` numpy: the module, a submodule, or anything numpy defines (np.sqrt, np.float64, np.float64(2))?"""
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__.split(".")[0] == "numpy"
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    return isinstance(module, str) and module.split(".")[0] == "numpy"
+
+
+def _filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # a closure variable not yet assigned
+        return False
+    return True
 
 
 def measured_map_error(decade: int, signed: bool) -> float:
@@ -185,12 +291,14 @@ def check_dynamic_map_error(fn) -> CheckResult:
         lines = [0]
         got = _call_counting_lines(g, _numpy_recorded(_recorded(fn, ops), ops), (decade, signed), lines)
         description = f"decade={decade}, signed={signed}"
+        uses = sorted(set(ops) | _numpy_names(fn)) or (["a numpy scalar"] if _is_numpy(got) else [])
         if not g.expect(
             f"{description}: the method",
-            not ops and lines[0] <= LINE_BUDGET,
-            f"your function calls torch or numpy ({', '.join(sorted(set(ops)))}): building the map and scanning it "
-            "is the grader's measurement; derive the largest error from how the map places its values"
-            if ops
+            not uses and lines[0] <= LINE_BUDGET,
+            f"your function uses torch or numpy ({', '.join(uses)}): building the map and scanning it "
+            "is the grader's measurement; derive the largest error in plain Python (math) from how the map places "
+            "its values"
+            if uses
             else f"your function executed {lines[0]:,} lines of Python for one decade (at most {LINE_BUDGET}): that "
             "is a rebuild and scan of the map, the grader's measurement; derive the largest error from the two "
             "places it can occur",
