@@ -173,6 +173,14 @@ def test_decay_ratio_refuses_a_capped_simulation_and_passes_the_closed_form():
     assert check_decay_ratio(decay_ratio)  # 1 / sqrt(g^2 + (lambda w)^2): a few lines, within the budget
 
 
+def test_decay_ratio_reports_an_answer_that_raises():
+    def unfinished(w, grad, lr, weight_decay, steps):  # the exercise cell as the learner first runs it
+        raise NotImplementedError("your code here")
+
+    result = check_decay_ratio(unfinished)  # reading the traceback is the grader's work, outside the line budget
+    assert not result and "raised NotImplementedError: your code here" in result.failure, result.failure
+
+
 def test_decay_ratio_time_limit_does_not_suggest_a_cap():
     def slow_formula(w, grad, lr, weight_decay, steps):  # few lines, but slow: the time limit, not the budget
         time.sleep(TIME_LIMIT_S + 0.1)

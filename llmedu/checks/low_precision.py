@@ -41,7 +41,7 @@ __all__ = ["check_decay_ratio", "check_dynamic_map_error", "TIME_LIMIT_S", "LINE
 
 BETAS, EPS = (0.9, 0.999), 1e-8
 TIME_LIMIT_S = 2.0  # per decay answer: a formula takes microseconds, a Python loop over 10**8 steps minutes
-DECAY_LINE_BUDGET = 100  # Python lines one decay answer may execute (with the grader's wrappers, a formula: ~25);
+DECAY_LINE_BUDGET = 100  # Python lines one decay answer may execute (with the grader's wrappers, a formula: ~20);
 # Adam's ratio settles within about 50 steps, and a loop over them runs hundreds of lines
 LINE_BUDGET = (
     200  # Python lines one map answer may execute: a formula needs tens, a rebuild and scan of 256 values more
@@ -126,7 +126,7 @@ def check_decay_ratio(fn) -> CheckResult:
     ops: list[str] = []
     for case in DECAY_CASES:
         expected = measured_decay_ratio(*case)
-        wrapped = _stoppable(_numpy_recorded(_recorded_always(fn, ops), ops))
+        wrapped = _numpy_recorded(_recorded_always(fn, ops), ops)
         lines, start = [0], time.perf_counter()
         got = _call_counting_lines(g, wrapped, case, lines, budget=DECAY_LINE_BUDGET, seconds=TIME_LIMIT_S)
         slow = isinstance(got, _TooSlow) or time.perf_counter() - start > TIME_LIMIT_S  # also if it caught the stop
@@ -158,18 +158,6 @@ class _OverBudget(Exception):
     """Raised inside an answer once it has executed more Python lines than its budget."""
 
 
-def _stoppable(fn):
-    """``fn``, returning the ``_OverBudget`` or ``_TooSlow`` that stopped it instead of raising it."""
-
-    def call(*args):
-        try:
-            return fn(*args)
-        except (_OverBudget, _TooSlow) as stop:
-            return stop
-
-    return call
-
-
 def _recorded_always(fn, ops: list[str]):
     """``_recorded``, except that the torch ops are appended to ``ops`` even when ``fn`` is stopped mid-way."""
 
@@ -185,8 +173,10 @@ def _recorded_always(fn, ops: list[str]):
 
 
 def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int], budget: int | None = None, seconds=None):
-    """``g.call(fn, *args)``, adding to ``lines[0]`` every Python line executed inside it (any frame); stopped with
-    ``_OverBudget`` past ``budget`` lines and with ``_TooSlow`` past ``seconds``, when they are given."""
+    """``g.call(fn, *args)``, adding to ``lines[0]`` every Python line executed inside ``fn`` (any frame); stopped
+    past ``budget`` lines or ``seconds``, when they are given, and then returning the ``_OverBudget`` or
+    ``_TooSlow`` that stopped it. Only ``fn`` is traced: an error it raises leaves it untraced, so ``g.call``'s
+    report of that error (a traceback read in Python) neither counts nor is stopped."""
     deadline = None if seconds is None else time.perf_counter() + seconds
     stopped = []  # raise once: the handlers that catch the stop run traced too
 
@@ -203,12 +193,17 @@ def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int], budget: i
             raise _TooSlow(f"ran past {seconds:g} s")
         return tracer
 
-    previous = sys.gettrace()
-    sys.settrace(tracer)
-    try:
-        return g.call(fn, *args)
-    finally:
-        sys.settrace(previous)
+    def traced(*args):
+        previous = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            return fn(*args)
+        except (_OverBudget, _TooSlow) as stop:
+            return stop
+        finally:
+            sys.settrace(previous)
+
+    return g.call(traced, *args)
 
 
 def _numpy_names(fn) -> set[str]:
