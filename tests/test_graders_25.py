@@ -238,6 +238,14 @@ def test_best_of_k_grader_passes_the_order_statistic_worked_out(capsys):
     assert float(reports.mean()) == pytest.approx(best_of_k_optimism(6, 5, 0.03), rel=0.01)
 
 
+def test_best_of_k_grader_passes_an_exact_zero_for_one_rate(capsys):
+    # one rate has nothing to choose among: an answer that says so exactly must not read as "one score per rate"
+    def exact_at_one(k, n_seeds, sigma):
+        return 0.0 if k == 1 else right_optimism(k, n_seeds, sigma)
+
+    assert check_best_of_k(exact_at_one), capsys.readouterr().out
+
+
 def test_best_of_k_grader_fails_plausible_wrong_values(capsys):
     one_score = lambda k, n, sigma: sigma * expected_max(k)  # noqa: E731  (forgets that a report is a mean)
     sqrt_log = lambda k, n, sigma: sigma / math.sqrt(n) * math.sqrt(2 * math.log(k))  # noqa: E731  (large-k growth)
