@@ -281,3 +281,21 @@ def test_dynamic_map_error_refuses_a_rebuild_with_numpy_ufuncs():
         assert math.isclose(map_error_by_numpy_ufunc_rebuild(decade, signed), map_error(decade, signed), rel_tol=1e-4)
     result = check_dynamic_map_error(map_error_by_numpy_ufunc_rebuild)
     assert not result and "torch or numpy (numpy)" in result.failure, result.failure
+
+
+def test_decay_ratio_refuses_an_answer_that_switches_the_line_count_off(capsys):
+    # a capped simulation behind sys.settrace(None) ran uncounted and passed every case
+    def untraced(w, grad, lr, weight_decay, steps):
+        import sys
+
+        sys.settrace(None)
+        m = v = 0.0
+        coupled = decoupled = w
+        for t in range(1, min(steps, 200) + 1):
+            g = grad + weight_decay * coupled
+            m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+            coupled -= lr * (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)) ** 0.5 + 1e-8)
+        return coupled / decoupled
+
+    assert not check_decay_ratio(untraced)
+    assert "lines of Python" in capsys.readouterr().out

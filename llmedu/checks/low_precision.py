@@ -197,7 +197,10 @@ def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int], budget: i
         previous = sys.gettrace()
         sys.settrace(tracer)
         try:
-            return fn(*args)
+            result = fn(*args)
+            if sys.gettrace() is not tracer:  # the answer switched the count off: its lines went uncounted
+                lines[0] = max(lines[0], (budget or 0) + 1)
+            return result
         except (_OverBudget, _TooSlow) as stop:
             return stop
         finally:
