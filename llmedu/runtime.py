@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ __all__ = [
     "fast_mode",
     "mode_banner",
     "machine",
+    "git_commit",
     "cpu_model",
     "device",
     "autocast_dtype",
@@ -81,6 +83,16 @@ FAST: bool = fast_mode()
 def mode_banner() -> str:
     """The top of a lesson: which mode runs, why, and how to switch; then the machine it runs on."""
     return f"{_mode_line()}\nmachine: {machine()}"
+
+
+def git_commit() -> str:
+    """The commit a recorded study ran from: HEAD, marked when files under llmedu/ differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "llmedu"], capture_output=True, text=True)
+        return head + (" (llmedu/ modified)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
 
 
 def machine() -> str:

@@ -38,7 +38,6 @@ import copy
 import datetime
 import json
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -50,6 +49,7 @@ from torch import nn
 
 from ..compress.baselines import L2_CANDIDATES, BagOfWords
 from ..cramming.evaluate import Data, best_rate, make_splits, summarize
+from ..runtime import git_commit as _commit  # the study records the commit it ran from
 from . import shipped
 from .adapters import apply_adapters
 from .inject import count_parameters, mark_trainable
@@ -254,15 +254,6 @@ def baselines(prep: dict) -> dict:
     for row in rows.values():
         row["test"] = _accuracy(row["correct"])
     return rows
-
-
-def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "llmedu"], capture_output=True, text=True)
-        return head + (" (llmedu/ modified)" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
 
 
 def run_study(cfg: StudyConfig, out: str | Path | None = None, command: str = "") -> dict:

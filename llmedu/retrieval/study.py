@@ -32,7 +32,6 @@ import copy
 import dataclasses
 import datetime
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from .. import runtime
 from ..data import load_documents
 from ..models import CausalLM, TransformerConfig
 from ..models.counting import count_parameters
+from ..runtime import git_commit as _commit  # the study records the commit it ran from
 from .datastore import chunk_pairs
 from .exact import FlatIndex
 from .knn_lm import KNNLM, build_datastore, interpolate
@@ -138,15 +138,6 @@ def row_losses(model, rows: torch.Tensor, m: int, index=None, values=None, lams=
 def _paired(a: torch.Tensor, b: torch.Tensor) -> dict:
     d = a - b
     return dict(difference=d.mean().item(), standard_error=(d.std() / len(d) ** 0.5).item())
-
-
-def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "llmedu"], capture_output=True, text=True)
-        return head.stdout.strip() + (" (llmedu/ modified)" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
 
 
 def run_study(cfg: StudyConfig, log=print) -> dict:

@@ -31,7 +31,6 @@ import datetime
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from ..models import CausalLM, TransformerConfig
 from ..models.config import MoEConfig
 from ..models.counting import count_parameters, matmul_parameters
 from ..models.gpt import lm_loss
+from ..runtime import git_commit as _commit  # the study records the commit it ran from
 from .loop import TrainConfig, train
 from .schedules import warmup_cosine
 
@@ -260,15 +260,6 @@ def imbalance(loads: torch.Tensor, last: int = 100) -> list[dict]:
              starved=int((s < 0.5 / n_experts).sum()))
         for s in share
     ]  # fmt: skip
-
-
-def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "llmedu"], capture_output=True, text=True)
-        return head.stdout.strip() + (" (llmedu/ modified)" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
 
 
 def run_study(cfg: StudyConfig, seeds: list[int], log_every: int = 0) -> dict:
