@@ -188,6 +188,7 @@ def test_latency_is_the_models_own_times_after_one_warm_up():
 def test_measure_with_a_reference_fills_the_pair_ratios(tiny_bert):
     class Val:  # two batches of labelled snippets, as finetuned.Batches
         texts = [None] * 6
+        labels = [0] * 6
 
         def __len__(self):
             return 2
@@ -200,6 +201,12 @@ def test_measure_with_a_reference_fills_the_pair_ratios(tiny_bert):
     row = compare.measure("fp32 paired", "32 bit", tiny_bert, Val(), BATCH, repeats=3, reference=tiny_bert)
     assert row.ratio_lo <= row.ratio <= row.ratio_hi and row.latency_min_s <= row.latency_s
     assert (row.bytes, row.accuracy, row.note) == (alone.bytes, alone.accuracy, alone.note)
+    # the row keeps one prediction per snippet, in order, and its accuracy is theirs
+    from llmedu.compress.finetuned import accuracy
+
+    expected = tiny_bert(input_ids=BATCH["input_ids"], attention_mask=BATCH["attention_mask"]).logits.argmax(-1)
+    assert torch.equal(row.predictions, torch.cat([expected, expected]))
+    assert row.accuracy == accuracy(tiny_bert, Val()) == float((row.predictions == 0).float().mean())
 
 
 def test_accuracy_standard_error_by_hand():

@@ -7,16 +7,23 @@ and against the paired latency ratio, with error bars (one standard error; the r
 the Pareto front of size and accuracy, and the baselines as horizontal lines.
 
 The first row with a latency is taken as the reference (fp32 paired with itself). Nothing is computed
-here that the rows do not hold, except the standard errors (``compare.accuracy_se``).
+here that the rows do not hold, except the standard errors: one accuracy's (``compare.accuracy_se``) and
+that of a row's difference from the reference, paired over the same snippets (``paired_difference``,
+printed by ``print_paired``: the snippets that flip, b lost and c gained, give SE = sqrt(b + c) / n and
+McNemar's exact test, McNemar 1947).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
+import torch
 
 from .compare import Row, accuracy_se, pareto_front
 
-__all__ = ["latency_verdict", "print_rows", "plot_rows"]
+__all__ = ["latency_verdict", "print_rows", "PairedDifference", "paired_difference", "print_paired", "plot_rows"]
 
 
 def _reference(rows: list[Row]) -> Row:
@@ -63,6 +70,58 @@ def print_rows(rows: list[Row], n_val: int, baselines: dict[str, float]) -> None
         "x fp32 (latency): the median over the pairs of (the row's time / fp32's time in the same pair); pairs: the "
         "smallest and largest pair ratio; ± se: one accuracy's binomial standard error, in points; latency vs fp32: "
         "faster or slower only when all the row's pair ratios lie outside fp32's own range"
+    )
+
+
+@dataclass
+class PairedDifference:
+    difference: float  # accuracy of the row minus the reference's, on the same snippets
+    lost: int  # b: snippets the reference gets right and the row wrong
+    gained: int  # c: the reverse
+    se: float  # sqrt(b + c) / n: the standard error of the difference under McNemar's null
+    p_value: float  # McNemar's exact two-sided test: b ~ Binomial(b + c, 1/2)
+
+
+def paired_difference(predicted: torch.Tensor, reference: torch.Tensor, labels) -> PairedDifference:
+    """The difference of two accuracies measured on the same n snippets, from the flips alone: snippets
+    both get right (or both wrong) add nothing to its noise. Independent samples would give
+    sqrt(se_1^2 + se_2^2), which ignores that the two
+    models agree on most snippets."""
+    labels = torch.as_tensor(labels)
+    if predicted.shape != reference.shape or predicted.shape != labels.shape or labels.dim() != 1:
+        raise ValueError(
+            f"predictions and labels must be (n,) each, on the same snippets: got {tuple(predicted.shape)}, "
+            f"{tuple(reference.shape)} and {tuple(labels.shape)}"
+        )
+    n = labels.numel()
+    right, ref_right = predicted == labels, reference == labels
+    b, c = int((ref_right & ~right).sum()), int((right & ~ref_right).sum())
+    k = min(b, c)
+    tail = sum(math.comb(b + c, i) for i in range(k + 1)) / 2 ** (b + c)  # P(X <= k), X ~ Bin(b + c, 1/2)
+    return PairedDifference((c - b) / n, b, c, math.sqrt(b + c) / n, min(1.0, 2 * tail))
+
+
+def print_paired(rows: list[Row], labels, level: float = 0.05) -> None:
+    """Each row's accuracy against the reference's (the first timed row, fp32), paired over the same snippets:
+    the difference, the flips, the paired standard error and McNemar's p; 'resolved' when p < ``level``."""
+    fp32 = _reference(rows)
+    if fp32.predictions is None:
+        raise ValueError("the reference row holds no predictions: measure it with compare.measure")
+    print(
+        f"{'method':<30}{'accuracy':>9}{'- fp32':>8}{'lost':>6}{'gained':>7}{'paired se':>10}{'McNemar p':>11}  verdict"
+    )
+    for r in rows:
+        if r is fp32 or r.predictions is None:
+            continue
+        d = paired_difference(r.predictions, fp32.predictions, labels)
+        verdict = "resolved" if d.p_value < level else "not resolved"
+        print(
+            f"{r.method:<30}{r.accuracy:>9.1%}{100 * d.difference:>+8.1f}{d.lost:>6}{d.gained:>7}"
+            f"{100 * d.se:>10.2f}{d.p_value:>11.3f}  {verdict}"
+        )
+    print(
+        f"- fp32 and paired se: in points; lost (gained): snippets fp32 gets right (wrong) and the row wrong (right); "
+        f"paired se = sqrt(lost + gained) / n; resolved: McNemar's exact two-sided p < {level:g}"
     )
 
 
