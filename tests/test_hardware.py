@@ -6,6 +6,7 @@ Speeds are never asserted: other processes share the CPU.
 """
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -257,3 +258,45 @@ def test_every_row_cites_its_interconnect():
         assert row.link_bandwidth is None or 100e9 <= row.link_bandwidth <= 2e12, row.name
     text = hw.interconnect_table()
     assert "H100 SXM" in text and "900" in text and "1,200" in text
+
+
+# -- measuring in rounds -----------------------------------------------------------------------------
+def _drifting(names):
+    """Benchmarks of one identical kernel whose every timing is 1 s slower than the last: a steady drift."""
+    log = []
+
+    def timer(name):
+        log.append(name)
+        return float(len(log))
+
+    return {name: hw.Benchmark(name, lambda name=name: timer(name), 1.0, "call/s") for name in names}, log
+
+
+def test_rounds_time_every_benchmark_once_per_round_reversing_the_order():
+    benchmarks, log = _drifting("abc")
+    measured = hw.measure_in_rounds(benchmarks, rounds=4)
+    assert "".join(log) == "abccbaabccba"
+    assert [len(m.seconds) for m in measured.values()] == [4, 4, 4]
+
+
+def test_rounds_give_a_steady_drift_to_every_benchmark_alike():
+    """Timed one after another (all of a's repeats, then all of b's), b's median would be 4 s slower than a's for
+    the same kernel, and in rounds of one order 1 s; with the order reversed every other round, the medians are equal."""
+    benchmarks, _ = _drifting("ab")
+    measured = hw.measure_in_rounds(benchmarks, rounds=4)
+    assert measured["a"].seconds == (1.0, 4.0, 5.0, 8.0) and measured["b"].seconds == (2.0, 3.0, 6.0, 7.0)
+    assert statistics.median(measured["a"].seconds) == statistics.median(measured["b"].seconds) == 4.5
+    assert measured["a"].spread == (1 / 8, 1 / 1)
+
+
+def test_matmul_benchmark_sizes_its_batch_and_rejects_bad_input():
+    b = hw.matmul_benchmark("fp32", 32, device="cpu", warmup=1, min_seconds=0.001)
+    assert b.work == 2 * 32**3 and b.calls >= 1 and b.what == "matmul (32x32)@(32x32) fp32 on cpu"
+    (m,) = hw.measure_in_rounds({"m": b}, rounds=2).values()
+    assert len(m.seconds) == 2 and 0 < m.median < math.inf
+    with pytest.raises(ValueError, match="rounds must be a positive int, got 0"):
+        hw.measure_in_rounds({"m": b}, rounds=0)
+    with pytest.raises(ValueError, match="benchmarks is empty"):
+        hw.measure_in_rounds({})
+    with pytest.raises(ValueError, match="work must be the positive FLOPs or bytes of one call, got 0"):
+        hw.benchmark("nothing", lambda: None, 0, device="cpu")

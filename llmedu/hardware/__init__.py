@@ -3,6 +3,7 @@
 probe      measured: this machine's matmul FLOP/s (fp32, bf16, fp16), read and copy bandwidth, any kernel
 peak       this CPU's datasheet peak (cores x clock x FLOP/cycle/core) and the best matmul of a size sweep
 specs      cited: peak FLOP/s, memory, bandwidth and interconnect of V100, A100, H100, TPU v4/v5e/v5p, IPU GC200
+rounds     several benchmarks timed in rounds (each once per round), so that drift hits them all alike
 roofline   modelled: FLOPs and bytes of matmul, softmax, LayerNorm, attention; min(peak, I * B)
 cost       what training costs: 6ND FLOPs, days on a chip at a given MFU, chips to hold the state
 
@@ -45,6 +46,7 @@ from .roofline import (
     ridge_point,
     softmax,
 )
+from .rounds import Benchmark, benchmark, matmul_benchmark, measure_in_rounds
 from .specs import ACCELERATORS, Accelerator, accelerator, interconnect_table, si, spec_table
 
 __all__ = [
@@ -65,6 +67,10 @@ __all__ = [
     "measure_machine",
     "measure_matmul_flops",
     "measure_read_bandwidth",
+    "Benchmark",
+    "benchmark",
+    "matmul_benchmark",
+    "measure_in_rounds",
     "MatmulPeak",
     "PeakSpec",
     "PeakUnknown",

@@ -124,6 +124,13 @@ def measure_matmul_flops(
     if n is None:
         n = 8192 if dev.type != "cpu" else 1024 if runtime.FAST else 2048
     _check_positive(n=n, repeats=repeats)
+    call, what = _matmul_call(dtype, n, dev)
+    seconds = _time_calls(call, dev, repeats, warmup, min_seconds)
+    return Measurement(what, float(matmul_flops(n, n, n)), "FLOP/s", seconds)
+
+
+def _matmul_call(dtype: torch.dtype, n: int, dev: torch.device):
+    """A call that runs one (n, n) @ (n, n) matmul into a reused output, and its description."""
     generator = torch.Generator(device=dev).manual_seed(0)
     a = torch.randn(n, n, generator=generator, device=dev, dtype=torch.float32).to(dtype)  # (n, n)
     b = torch.randn(n, n, generator=generator, device=dev, dtype=torch.float32).to(dtype)  # (n, n)
@@ -132,9 +139,7 @@ def measure_matmul_flops(
     def call():
         torch.matmul(a, b, out=c)
 
-    seconds = _time_calls(call, dev, repeats, warmup, min_seconds)
-    what = f"matmul ({n}x{n})@({n}x{n}) {_short(dtype)} on {dev.type}"
-    return Measurement(what, float(matmul_flops(n, n, n)), "FLOP/s", seconds)
+    return call, f"matmul ({n}x{n})@({n}x{n}) {_short(dtype)} on {dev.type}"
 
 
 def measure_bandwidth(
@@ -234,23 +239,26 @@ def _touched_buffer(nbytes: int | None, dev: torch.device, repeats: int) -> torc
 
 def _time_calls(call, dev: torch.device, repeats: int, warmup: int, min_seconds: float) -> tuple[float, ...]:
     """Seconds per call, one entry per repeat; each repeat runs enough calls to last min_seconds."""
+    calls = _calls_per_repeat(call, dev, warmup, min_seconds)
+    return tuple(_seconds_per_call(call, dev, calls) for _ in range(repeats))
+
+
+def _calls_per_repeat(call, dev: torch.device, warmup: int, min_seconds: float) -> int:
+    """Warm up, then, as timeit's autorange, double the batch until one batch of calls lasts min_seconds."""
     for _ in range(warmup):
         call()
     calls = 1
-    while True:  # as timeit's autorange: double the batch until one batch lasts min_seconds
-        with runtime.Timer(dev) as batch:
-            for _ in range(calls):
-                call()
-        if batch.seconds >= min_seconds:
-            break
+    while _seconds_per_call(call, dev, calls) * calls < min_seconds:
         calls *= 2
-    per_call = []
-    for _ in range(repeats):
-        with runtime.Timer(dev) as t:
-            for _ in range(calls):
-                call()
-        per_call.append(t.seconds / calls)
-    return tuple(per_call)
+    return calls
+
+
+def _seconds_per_call(call, dev: torch.device, calls: int) -> float:
+    """Time one batch of ``calls`` calls (the device synchronised at both ends): seconds per call."""
+    with runtime.Timer(dev) as t:
+        for _ in range(calls):
+            call()
+    return t.seconds / calls
 
 
 def machine_summary(device=None) -> str:
