@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from llmedu.compress.nf4 import dequantize_nf4, quantize_nf4
-from llmedu.compress.qlora import NF4Linear, QLoRALinear, apply_qlora, weight_bytes
+from llmedu.compress.qlora import NF4Linear, QLoRALinear, apply_qlora, paired_step_times, weight_bytes
 from llmedu.peft import count_parameters, mark_trainable
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # many small ops on a busy 2-core CPU
@@ -111,8 +111,10 @@ def test_a_tiny_qlora_run_lowers_the_loss(tiny_bert):
 def test_compare_on_rotten_tomatoes_runs_and_counts_memory():
     from llmedu.compress.qlora import compare_on_rotten_tomatoes
 
-    res = compare_on_rotten_tomatoes(steps=2, batch_size=4, max_len=16, layers=1, n_val=16)
-    assert set(res) == {"LoRA bf16", "QLoRA NF4", "majority class"}
+    res = compare_on_rotten_tomatoes(steps=2, batch_size=4, max_len=16, layers=1, n_val=16, timing_repeats=2)
+    assert set(res) == {"LoRA bf16", "QLoRA NF4", "majority class", "paired step"}
+    paired = res["paired step"]
+    assert len(paired["ratios"]) == 2 and paired["ratio_lo"] <= paired["ratio"] <= paired["ratio_hi"]
     lora, qlora = res["LoRA bf16"], res["QLoRA NF4"]
     assert lora["trainable"] == qlora["trainable"]
     # bf16 weights: 16 bits; NF4 with double quantization: 4.127 bits, plus bf16 biases: ~3.5x smaller
@@ -146,3 +148,29 @@ def test_bad_input_gets_a_clear_error(tiny_bert):
     apply_qlora(model, ["query"], r=2, skip=["classifier", "pooler"])
     with pytest.raises(ValueError, match="already applied"):
         apply_qlora(model, ["query"])
+
+
+def test_paired_step_times_cancel_the_hosts_drift_and_alternate_the_order():
+    """Two runs that cost 1 and 3 time units a step, on a host that slows down by 50% after every pair: each
+    pair's ratio is 3 although the times themselves grow 7-fold from the first pair to the last."""
+    now, order = [0.0], []
+
+    class Run(nn.Module):
+        def __init__(self, name, cost):
+            super().__init__()
+            self.name, self.cost, self.w = name, cost, nn.Parameter(torch.ones(1))
+
+    def loss_fn(model, batch):
+        order.append(model.name)
+        now[0] += model.cost * 1.5 ** ((len(order) - 3) // 2 if len(order) > 2 else 0)  # drift between pairs
+        return model.w.sum()
+
+    runs = [(m, torch.optim.SGD(m.parameters(), lr=0.0)) for m in (Run("a", 1.0), Run("b", 3.0))]
+    res = paired_step_times(runs, {}, loss_fn, repeats=6, clock=lambda: now[0])
+    assert res["ratios"] == pytest.approx([3.0] * 6) and res["ratio_lo"] == pytest.approx(3.0)
+    assert order == ["a", "b"] + ["a", "b", "b", "a"] * 3  # warm-up, then the order flips each pair
+    assert res["median_s"][1] / res["median_s"][0] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="compares two"):
+        paired_step_times(runs[:1], {}, loss_fn)
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        paired_step_times(runs, {}, loss_fn, repeats=0)

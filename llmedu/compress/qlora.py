@@ -19,7 +19,9 @@ itself ``peft_method = "lora"`` so that ``llmedu.peft``'s ``freeze_base``, ``cou
 
 ``compare_on_rotten_tomatoes`` is the lesson's experiment: all-MiniLM-L6-v2 fine-tuned on Rotten
 Tomatoes with LoRA on a bf16 base and with QLoRA on an NF4 base, the same steps and seeds; it
-returns accuracy, bytes of the base weights, peak memory of a training step and time per step.
+returns accuracy, bytes of the base weights, peak memory of a training step and time per step, and the
+two methods' step times *paired* (``paired_step_times``: one step of each, back to back, order alternating,
+the ratio taken within each pair), so that the host's drift between the two trainings stays out of the ratio.
 
 Left out: paged optimizers (optimizer state paged to CPU memory on spikes), 4-bit storage of
 embeddings and LayerNorms (QLoRA also leaves them in 16 bits), merging the adapter back into NF4.
@@ -29,7 +31,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
+import statistics
+import time
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -38,7 +42,7 @@ from torch.nn import functional as F
 from ..peft.inject import ensure_not_applied, find_modules, freeze_base, mark_trainable, replace_module
 from .nf4 import NF4Tensor, dequantize_nf4, quantize_nf4
 
-__all__ = ["NF4Linear", "QLoRALinear", "apply_qlora", "weight_bytes", "compare_on_rotten_tomatoes"]
+__all__ = ["NF4Linear", "QLoRALinear", "apply_qlora", "weight_bytes", "paired_step_times", "compare_on_rotten_tomatoes"]
 
 
 class _NF4Matmul(torch.autograd.Function):
@@ -182,6 +186,46 @@ def weight_bytes(model: nn.Module, within: str = "") -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
+def paired_step_times(
+    runs: list[tuple[nn.Module, torch.optim.Optimizer]],
+    batch: dict,
+    loss_fn: Callable,
+    repeats: int = 7,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, object]:
+    """Time one training step (forward, backward, optimizer step) of two (model, optimizer) runs on ``batch``,
+    in ``repeats`` pairs after one untimed warm-up step each: pair i steps the first run then the second when
+    i is even, the reverse when odd. Returns {"ratio": median over pairs of second / first, "ratio_lo",
+    "ratio_hi": the smallest and largest pair ratio, "median_s": (first's, second's) median step time, "ratios"}.
+    The steps change the models: time them after they are evaluated."""
+    if len(runs) != 2:
+        raise ValueError(f"paired_step_times compares two (model, optimizer) runs, got {len(runs)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+
+    def step(model, optimizer) -> float:
+        start = clock()
+        loss_fn(model, batch).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return clock() - start
+
+    for run in runs:  # warm-up: first-call allocations, optimizer state
+        step(*run)
+    times = ([], [])  # (first's, second's)
+    for i in range(repeats):
+        for k in (0, 1) if i % 2 == 0 else (1, 0):
+            times[k].append(step(*runs[k]))
+    ratios = [b / a for a, b in zip(*times)]
+    return {
+        "ratio": statistics.median(ratios),
+        "ratio_lo": min(ratios),
+        "ratio_hi": max(ratios),
+        "median_s": tuple(statistics.median(t) for t in times),
+        "ratios": ratios,
+    }
+
+
 def compare_on_rotten_tomatoes(
     steps: int = 720,
     batch_size: int = 32,
@@ -193,6 +237,7 @@ def compare_on_rotten_tomatoes(
     targets: Iterable[str] = ("query", "value"),
     methods: Iterable[str] = ("LoRA bf16", "QLoRA NF4"),
     seed: int = 0,
+    timing_repeats: int = 7,
 ) -> dict[str, dict[str, float]]:
     """Fine-tune all-MiniLM-L6-v2 on Rotten Tomatoes with LoRA on a bf16 base and QLoRA on an NF4 base.
 
@@ -200,8 +245,10 @@ def compare_on_rotten_tomatoes(
     a new 2-way head that trains, AdamW at ``lr``, the same batches. QLoRA also stores every
     encoder linear in NF4. Returns method -> {accuracy, encoder_linear_mib (the base linear weights),
     model_mib, peak_step_mib (one measured training step), step_s, trainable, final_loss}, plus
-    "majority class" -> {accuracy}. 720 steps of 32 = two epochs. ``methods`` may also hold "LoRA fp32"
-    (lesson 19's setting: everything in fp32).
+    "majority class" -> {accuracy}, and "paired step" -> ``paired_step_times`` of the first two methods
+    (``timing_repeats`` pairs on the first training batch, after evaluation; the second method's time over the
+    first's). 720 steps of 32 = two epochs. ``methods`` may also hold "LoRA fp32" (lesson 19's setting:
+    everything in fp32).
     """
     from ..memory.tracker import MemoryTracker
     from ..peft.inject import count_parameters
@@ -223,6 +270,7 @@ def compare_on_rotten_tomatoes(
         return F.cross_entropy(logits.float(), batch["labels"])
 
     results: dict[str, dict[str, float]] = {}
+    runs = []  # (model, optimizer) of each method, kept for the paired timing
     for method in methods:
         torch.manual_seed(seed)
         model = copy.deepcopy(base)
@@ -254,6 +302,9 @@ def compare_on_rotten_tomatoes(
             "trainable": count_parameters(model)[0],
             "final_loss": sum(history["loss"][-20:]) / len(history["loss"][-20:]),
         }
+        runs.append((model.train(), optimizer))
+    if len(runs) >= 2:
+        results["paired step"] = paired_step_times(runs[:2], train_data[0], loss_fn, timing_repeats)
     ones = sum(val_data.labels)
     results["majority class"] = {"accuracy": max(ones, len(val_data.labels) - ones) / len(val_data.labels)}
     return results
