@@ -3,10 +3,11 @@ passes; plausible wrong values and right values computed the wrong way (the libr
 early) fail."""
 
 import math
+import time
 
 import torch
 
-from llmedu.checks.attention_variants import check_decode_batch, check_window_mask, decode_speedup
+from llmedu.checks.attention_variants import TIME_LIMIT_S, check_decode_batch, check_window_mask, decode_speedup
 from llmedu.nn.attention import causal_mask
 
 
@@ -75,9 +76,22 @@ def search(w, c, heads, kv_heads, target, cap=None, step=lambda b: b + 1, strict
     return None
 
 
+def bisection(w, c, heads, kv_heads, target):
+    if target * kv_heads / heads >= 1:
+        return None
+    hi = 1
+    while decode_speedup(w, c, heads, kv_heads, hi) < target:  # doubling until the target is reached ...
+        hi *= 2
+    lo = 1
+    while lo < hi:  # ... then halving the interval: about 60 steps for a batch of a billion
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decode_speedup(w, c, heads, kv_heads, mid) >= target else (mid + 1, hi)
+    return lo
+
+
 def test_right_answers_pass():
     assert check_decode_batch(closed_form)
-    assert check_decode_batch(search)  # an unbounded search is a right method too
+    assert check_decode_batch(bisection)  # a search that halves its interval is a right method too
 
 
 def test_plausible_wrong_values_fail():
@@ -97,3 +111,35 @@ def test_right_values_computed_the_wrong_way_fail():
     assert not check_decode_batch(lambda *a: search(*a, cap=256))
     # a search over powers of two finds a batch that reaches the target, not the smallest one
     assert not check_decode_batch(lambda *a: search(*a, step=lambda b: 2 * b))
+
+
+def test_capped_search_fails_on_the_billion_case(capsys):
+    # one batch at a time with ">=", up to a cap: right on every case whose answer is below the cap (444 at most),
+    # but the last case's answer is 1,333,333,334. A cap of a million passed before that case existed; now it
+    # fails, by the time limit or by giving up; a smaller cap gives up within the limit and is told why
+    assert not check_decode_batch(lambda *a: search(*a, cap=10**6))
+    assert "case 6 of the check" in capsys.readouterr().out
+    assert not check_decode_batch(lambda *a: search(*a, cap=5000))
+    out = capsys.readouterr().out
+    assert "case 6 of the check" in out and "got None, but batch 1,333,333,334" in out and "cap" in out
+
+
+def test_search_one_batch_at_a_time_runs_out_of_time(capsys):
+    # uncapped, the same search would need hours; the grader stops it at its time limit, even inside an answer
+    # that catches every Exception in its loop
+    def patient(w, c, heads, kv_heads, target):
+        if target * kv_heads / heads >= 1:
+            return None
+        b = 1
+        while True:
+            try:
+                if decode_speedup(w, c, heads, kv_heads, b) >= target:
+                    return b
+            except Exception:
+                pass
+            b += 1
+
+    start = time.perf_counter()
+    assert not check_decode_batch(patient)
+    assert time.perf_counter() - start < 10 * TIME_LIMIT_S
+    assert "time limit" in capsys.readouterr().out

@@ -12,12 +12,17 @@
 
 The lesson gives the speed-up of a batch, (W + bC) / (W + bC r) with r = n_kv_heads / n_heads; the exercise is
 its inverse. A search over b that stops early (a cap, or powers of two) and a strict ">" fail, as does any
-answer for a target at or above the cache ratio 1 / r, which the speed-up approaches but never reaches.
+answer for a target at or above the cache ratio 1 / r, which the speed-up approaches but never reaches. One case's
+answer is over a billion sequences and each case runs under a time limit (``TIME_LIMIT_S``, checked at every Python
+line the answer executes), so a search that tries one batch at a time fails too, capped or not; a formula or a
+bisection answers in microseconds.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -25,7 +30,9 @@ import torch
 
 from .core import CheckResult, Grader, call_watching
 
-__all__ = ["check_window_mask", "check_decode_batch", "decode_speedup"]
+__all__ = ["check_window_mask", "check_decode_batch", "decode_speedup", "TIME_LIMIT_S"]
+
+TIME_LIMIT_S = 2.0  # seconds per case of check_decode_batch: a formula or a bisection needs far less than 0.01
 
 _NN = Path(__file__).resolve().parent.parent / "nn"  # llmedu/nn/
 
@@ -88,7 +95,37 @@ CASES = [
     ("3 GB of weights, 1 GB of cache per sequence, MQA of 4 heads, twice as fast", (3e9, 1e9, 4, 1, 2)),
     ("Llama-2 7B, GQA-8 (cache 4x smaller), four times as fast", (_GB7, _CACHE7, 32, 8, 4)),
     ("Llama-2 7B, 128-token sequences, MQA, three times as fast", (_GB7, _CACHE7 // 32, 32, 1, 3)),
+    # (2 - 1) W / (C (1 - 2/8)) = 1e9 / 0.75: the smallest batch is 1,333,333,334, too many to try one at a time
+    ("1 TB of weights, 1 kB of cache per sequence, MQA of 8 heads, twice as fast", (1e12, 1e3, 8, 1, 2)),
 ]
+
+
+class _TooSlow(BaseException):  # not an Exception: an answer's own `except Exception` does not swallow it
+    """Raised inside an answer that runs past its time limit."""
+
+
+def _call_timed(g: Grader, fn, args: tuple, seconds: float):
+    """``g.call(fn, *args)``, stopped once it has run ``seconds`` (the clock is read at every Python line the
+    answer executes); returns ``_TooSlow`` then."""
+    deadline = time.perf_counter() + seconds
+
+    def tracer(frame, event, arg):
+        if time.perf_counter() > deadline:
+            raise _TooSlow
+        return tracer
+
+    def timed(*a):  # this frame starts before the tracer: its `finally` runs untraced
+        previous = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            return fn(*a)
+        finally:
+            sys.settrace(previous)
+
+    try:
+        return g.call(timed, *args)
+    except _TooSlow:
+        return _TooSlow
 
 
 def check_decode_batch(fn) -> CheckResult:
@@ -96,13 +133,31 @@ def check_decode_batch(fn) -> CheckResult:
     for name, args in CASES:
         weights, cache, heads, kv_heads, target = args
         expected = _smallest_batch(*args)
-        got = g.call(fn, *args)
+        got = _call_timed(g, fn, args, TIME_LIMIT_S)
+        if got is _TooSlow:
+            g.expect(
+                name,
+                False,
+                f"your function ran past the time limit of {TIME_LIMIT_S:g} s: the smallest batch here is over a "
+                f"billion, too many to try one at a time; solve the inequality for b (or search by bisection)",
+            )
+            continue
         if expected is None:
             g.expect(
                 name,
                 got is None,
                 f"got {got!r}, expected None: the speed-up (W + bC) / (W + bC r) grows with b towards the cache "
                 f"ratio 1/r = {heads // kv_heads} but never reaches it, so no batch is {target}x faster",
+            )
+            continue
+        if got is None:
+            s = decode_speedup(weights, cache, heads, kv_heads, expected)
+            g.expect(
+                name,
+                False,
+                f"got None, but batch {expected:,} is {s:.4f}x faster (>= {target}): below the cache ratio 1/r = "
+                f"{heads // kv_heads} some batch always reaches the target, so a search that stops at a cap gives up "
+                f"too early",
             )
             continue
         if isinstance(got, float) and got.is_integer():
