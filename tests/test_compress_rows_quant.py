@@ -133,6 +133,27 @@ def test_smoothquant_is_closer_to_fp32_than_plain_w8a8_with_outliers(tiny_bert):
     assert len(per_layer) == 8 and all(smooth < plain for plain, smooth in per_layer.values())
 
 
+def test_w8a8_controls_choose_which_linears_are_quantized(tiny_bert):
+    model = with_outliers(tiny_bert)
+    plain = copy.deepcopy(model)
+    quantize_linears(plain, per_channel=True)
+    every = rows_quant.w8a8_linears(model)  # the plain row: the same layers, the same numbers
+    assert torch.equal(hidden(every, batches(seed=2)), hidden(plain, batches(seed=2)))
+
+    def fp32_names(m):
+        return sorted(n for n, x in m.named_modules() if isinstance(x, nn.Linear))
+
+    assert fp32_names(rows_quant.w8a8_linears(model, encoder_only=True)) == ["bert.pooler.dense", "classifier"]
+    down = rows_quant.w8a8_linears(model, fp32=["output.dense"])  # the FFN down-projection, not attention.output
+    assert fp32_names(down) == [f"bert.encoder.layer.{i}.output.dense" for i in range(2)]
+    smooth = rows_quant.smoothquant_int8(model, batches(seed=1), encoder_only=True, fp32=["output.dense"])
+    kept = [f"bert.encoder.layer.{i}.output.dense" for i in range(2)] + ["bert.pooler.dense", "classifier"]
+    assert fp32_names(smooth) == sorted(kept)  # smoothed query/key/value/FFN up: their inner layer is quantized
+    assert all(isinstance(m.linear, QuantLinear) for m in smooth.modules() if isinstance(m, SmoothedLinear))
+    with pytest.raises(ValueError, match="not a kind of encoder linear"):
+        rows_quant.w8a8_linears(model, fp32=["dense"])
+
+
 def test_llm_int8_model_is_close_to_fp32_and_its_bytes_are_counted(tiny_bert):
     model = with_outliers(tiny_bert)
     int8 = rows_quant.llm_int8_linears(model, threshold=6.0)

@@ -10,9 +10,13 @@ write its state dict (real int8 or packed 4-bit codes, not fake-quantized fp32) 
   rest in vector-wise int8. ``vectorwise_int8_linears``: the same layers with no decomposition (threshold
   infinite: every column in vector-wise int8, per-token activation scales, per-output-row weight scales),
   so that LLM.int8's row minus this row is what its float columns buy.
+* ``w8a8_linears``: plain W8A8 with ``int8.QuantLinear`` (per-channel int8 weights, per-tensor dynamic
+  activations) on every nn.Linear, pooler and classifier included, or on the encoder's alone
+  (``encoder_only``), optionally keeping some kinds of encoder linear in fp32 (``fp32``, e.g. the FFN
+  down-projection): the controls that separate one cause of W8A8's error from the others.
 * ``smooth_linears`` / ``smoothquant_int8``: SmoothQuant's migration (Xiao et al. 2023, eq. 4) where a
-  LayerNorm feeds linears, then W8A8 with ``int8.QuantLinear`` (per-channel int8 weights, per-tensor
-  dynamic activations), the same layer as the plain W8A8 row, so the smoothing is the only difference.
+  LayerNorm feeds linears, then ``w8a8_linears`` on the result, the same layers as the plain W8A8 row
+  (every nn.Linear by default), so the smoothing is the only difference.
   In HF's post-LN ``BertLayer`` (``layernorm_fed_linears``): query, key and value read the block's
   input, which is the previous block's output LayerNorm (``layer[i-1].output.LayerNorm``; the
   embeddings' LayerNorm for block 0); the FFN up-projection (``intermediate.dense``) reads the attention
@@ -29,8 +33,8 @@ write its state dict (real int8 or packed 4-bit codes, not fake-quantized fp32) 
 Calibration text is the training split's (``calibration_batches``), never the validation snippets the
 table scores; activations at padded positions are left out of every statistic.
 
-Left out: the pooler and the classifier stay fp32 in these rows (0.6 MB: the plain int8 rows quantize
-them); static activation scales; GPTQ's grouping and act-order; fused kernels: every layer here runs as
+Left out: the pooler and the classifier stay fp32 in the LLM.int8, vector-wise, GPTQ and RTN rows (0.6 MB;
+the W8A8 and SmoothQuant rows quantize them unless ``encoder_only``); static activation scales; GPTQ's grouping and act-order; fused kernels: every layer here runs as
 separate torch operations (LLM.int8 splits, quantizes and multiplies per call; ``PackedLinear``
 dequantizes its whole weight per call), so their latency is that of this code, not of bitsandbytes or
 of a GPTQ int4 kernel.
@@ -47,7 +51,7 @@ from torch import nn
 
 from ..peft.inject import replace_module
 from .gptq import PackedLinear, _check_packed_bits, layer_error
-from .int8 import QuantLinear, quantize_linears
+from .int8 import QuantLinear
 from .llm_int8 import LLMInt8Linear
 from .smoothquant import SmoothedLinear, smoothing_scales
 
@@ -59,6 +63,7 @@ __all__ = [
     "linear_inputs",
     "llm_int8_linears",
     "vectorwise_int8_linears",
+    "w8a8_linears",
     "smooth_linears",
     "smoothquant_int8",
     "rtn_linears",
@@ -178,6 +183,27 @@ def vectorwise_int8_linears(model: nn.Module) -> nn.Module:
     return llm_int8_linears(model, threshold=math.inf)
 
 
+def w8a8_linears(model: nn.Module, encoder_only: bool = False, fp32: Iterable[str] = ()) -> nn.Module:
+    """A copy with nn.Linear layers as ``QuantLinear`` (per-channel weights): every one (the pooler and the
+    classifier too), or only the encoder's; ``fp32`` names kinds of encoder linear left unquantized, by their
+    name inside a block (``"output.dense"`` is the FFN down-projection, not ``"attention.output.dense"``)."""
+    model = copy.deepcopy(model).eval()
+    kinds = set(fp32)
+    block_kinds = {n.split(".", 4)[-1] for n in encoder_linears(model)}
+    if unknown := kinds - block_kinds:
+        raise ValueError(
+            f"fp32 names {sorted(unknown)}, not a kind of encoder linear: choose from {sorted(block_kinds)}"
+        )
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or (encoder_only and not name.startswith("bert.encoder.")):
+            continue
+        kind = name.removesuffix(".linear").split(".", 4)[-1]  # a SmoothedLinear's inner layer counts as its own
+        if name.startswith("bert.encoder.") and kind in kinds:
+            continue
+        replace_module(model, name, QuantLinear.from_linear(module, per_channel=True))
+    return model
+
+
 def smooth_linears(model: nn.Module, calibration_batches: Iterable[dict], alpha: float = 0.5) -> nn.Module:
     """A copy with SmoothQuant's migration and no quantization: every linear that reads a LayerNorm becomes
     a ``SmoothedLinear`` with s from the maxima of its input on the calibration batches (one s per
@@ -197,12 +223,16 @@ def smooth_linears(model: nn.Module, calibration_batches: Iterable[dict], alpha:
     return model
 
 
-def smoothquant_int8(model: nn.Module, calibration_batches: Iterable[dict], alpha: float = 0.5) -> nn.Module:
-    """``smooth_linears``, then every nn.Linear (smoothed or not) a ``QuantLinear`` with per-channel weights:
-    the plain W8A8 model (``quantize_linears(copy, per_channel=True)``) with the migration added."""
-    model = smooth_linears(model, calibration_batches, alpha)
-    quantize_linears(model, per_channel=True)
-    return model
+def smoothquant_int8(
+    model: nn.Module,
+    calibration_batches: Iterable[dict],
+    alpha: float = 0.5,
+    encoder_only: bool = False,
+    fp32: Iterable[str] = (),
+) -> nn.Module:
+    """``smooth_linears``, then ``w8a8_linears`` (every nn.Linear, smoothed or not, pooler and classifier
+    included unless ``encoder_only``): the plain W8A8 model with the migration added."""
+    return w8a8_linears(smooth_linears(model, calibration_batches, alpha), encoder_only, fp32)
 
 
 def rtn_linears(model: nn.Module, bits: int = 4) -> nn.Module:
