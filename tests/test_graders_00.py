@@ -177,6 +177,16 @@ def test_probe_that_calls_the_library_gives_the_right_numbers_and_fails():
     assert not res and "llmedu's own probe was called" in res.failure
 
 
+def test_probe_that_times_with_the_librarys_rounds_fails():
+    def rounds(nbytes):  # the library's batch timer, reached through measure_in_rounds rather than measure_*()
+        x = torch.ones(nbytes // 4)
+        b = hw.benchmark("sum", x.sum, nbytes, "B/s", device="cpu")
+        return nbytes, list(hw.measure_in_rounds({"sum": b}, rounds=5)["sum"].seconds)
+
+    res = checks.check_read_probe(rounds, SMALL)
+    assert not res and "llmedu's own probe was called" in res.failure
+
+
 def test_probe_grader_default_size_outgrows_the_last_level_cache():
     llc = hw.last_level_cache_bytes()
     recorded = []

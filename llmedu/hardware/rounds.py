@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from .. import runtime
-from .probe import Measurement, _calls_per_repeat, _check_positive, _matmul_call, _seconds_per_call, as_dtype
+from . import probe
+from .probe import Measurement, _check_positive, _matmul_call, as_dtype
 from .roofline import matmul_flops
 
 __all__ = ["Benchmark", "benchmark", "matmul_benchmark", "measure_in_rounds"]
@@ -47,8 +48,8 @@ def benchmark(
     dev = torch.device(device) if device is not None else runtime.device()
     if not work > 0:
         raise ValueError(f"work must be the positive FLOPs or bytes of one call, got {work!r}")
-    calls = _calls_per_repeat(call, dev, warmup, min_seconds)
-    return Benchmark(what, lambda: _seconds_per_call(call, dev, calls), float(work), unit, calls)
+    calls = probe._calls_per_repeat(call, dev, warmup, min_seconds)
+    return Benchmark(what, lambda: probe._seconds_per_call(call, dev, calls), float(work), unit, calls)
 
 
 def matmul_benchmark(
