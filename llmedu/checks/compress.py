@@ -1,4 +1,4 @@
-"""Graders for lesson 22, compression.
+"""Graders for lessons 22 (quantization) and 23 (distillation and pruning).
 
 check_nf4_bytes(fn)            fn(n_params, block, double_quant) -> bytes of a 4-bit block-quantized tensor:
                                n/2 bytes of codes + one fp32 scale per block, or with double quantization
@@ -6,25 +6,30 @@ check_nf4_bytes(fn)            fn(n_params, block, double_quant) -> bytes of a 4
                                scale per 256 first-level scales
 check_int8_size_ratio(fn)      fn(d_out, d_in, per_channel) -> bytes of an int8 linear layer (int8 weights,
                                fp32 scale(s), fp32 bias) divided by the bytes of the fp32 layer
-check_two_four_mask(fn)        fn(weight (out, in)) -> bool keep-mask: in each group of 4 consecutive inputs,
-                               the 2 of largest magnitude (``llmedu.compress.pruning.nm_mask``)
-check_distillation_loss(fn)    fn(student_logits, teacher_logits, T) -> T^2 KL(softmax(t/T) || softmax(s/T)),
-                               averaged over the batch (Hinton et al. 2015)
 check_packed_bytes(fn)         fn(d_out, d_in, bits) -> bytes of a GPTQ/RTN layer as ``gptq.PackedLinear`` stores it:
                                the d_out * d_in codes packed 8 // bits to a byte (the last byte padded), one fp32
                                scale and one uint8 zero point per output row, the fp32 bias (Frantar et al. 2022)
-check_cosine_gradient(fn)      fn(student_hidden, teacher_hidden) (B, T, d) -> d L_cos / d student_hidden, by the
-                               derivation, not autograd, of DistilBERT's L_cos = mean over the B*T tokens of
-                               1 - cos(s, t): -(t / |t| - cos(s, t) s / |s|) / (|s| B T), the part of t-hat
-                               perpendicular to s, over |s| (Sanh et al. 2019, sec. 2)
+check_two_four_mask(fn)        fn(weight (out, in)) -> bool keep-mask: in each group of 4 consecutive inputs,
+                               the 2 of largest magnitude (``llmedu.compress.pruning.nm_mask``)
+check_wanda_mask(fn)           fn(weight (out, in), inputs (n_tokens, in)) -> bool 2:4 keep-mask scored by Wanda's
+                               criterion (Sun et al. 2023, sec. 3), the weight's size and the size of the input
+                               it multiplies over the calibration tokens
+check_distillation_loss(fn)    fn(student_logits, teacher_logits, T) -> T^2 KL(softmax(t/T) || softmax(s/T)),
+                               averaged over the batch (Hinton et al. 2015)
+check_cosine_gradient(fn)      fn(student_hidden, teacher_hidden) (B, T, d) -> d L_cos / d student_hidden of
+                               DistilBERT's L_cos = mean over the B*T tokens of 1 - cos(s, t) (Sanh et al. 2019),
+                               by the derivation: no autograd, no loss or cosine evaluated at other states than the
+                               given ones, no work that grows with d (what a finite difference does)
 check_high_temperature_limit(fn)
                                fn(student_logits, teacher_logits) (B, C) -> the limit of T^2 KL as T -> infinity,
-                               (1 / 2C) sum_c ((s_c - mean s) - (t_c - mean t))^2, averaged over the batch: distillation
-                               becomes matching centred logits (Hinton et al. 2015, sec. 2.1), computed from the
-                               logits alone (no softmax, exp or log: the grader records the torch calls)
+                               averaged over the batch (Hinton et al. 2015, sec. 2.1), from the logits alone, in
+                               torch: no softmax, exp or log (torch's or math's), and the logits never leave torch
+                               (numpy, tolist), so that the loss cannot be evaluated at large T and extrapolated
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -37,6 +42,7 @@ __all__ = [
     "check_nf4_bytes",
     "check_int8_size_ratio",
     "check_two_four_mask",
+    "check_wanda_mask",
     "check_distillation_loss",
     "check_cosine_gradient",
     "check_packed_bytes",
@@ -104,6 +110,38 @@ def check_two_four_mask(fn) -> CheckResult:
     return g.result()
 
 
+def wanda_mask(weight: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """The reference: 2:4 within each row of ``weight`` (out, in), scored by |W_ij| times the l2 norm of input j
+    over the calibration tokens ``inputs`` (n_tokens, in)."""
+    return nm_mask(weight.abs() * inputs.norm(dim=0), 2, 4)  # (out, in) scores, all >= 0
+
+
+def _wanda_cases(gen: torch.Generator) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, weight, inputs): a few input features far larger than the rest, as in a transformer's activations,
+    so that the mask by |W| alone differs; shapes where the wrong axis's norm still broadcasts."""
+    cases = []
+    for out_f, in_f, n_tokens in [(2, 8, 3), (4, 8, 8), (8, 8, 8), (16, 32, 5)]:
+        w = torch.randn(out_f, in_f, generator=gen, dtype=torch.float64)
+        x = torch.randn(n_tokens, in_f, generator=gen, dtype=torch.float64)
+        x = x * torch.exp2(torch.randint(-3, 5, (in_f,), generator=gen).double())  # feature sizes 1/8 to 16
+        cases.append((f"weight ({out_f}, {in_f}), inputs ({n_tokens}, {in_f})", w, x))
+    w = torch.tensor([[4.0, -1.0, 2.0, 0.5]], dtype=torch.float64)
+    x = torch.tensor([[0.1, 10.0, 1.0, 1.0], [0.0, 0.0, 1.0, -1.0]], dtype=torch.float64)
+    cases.insert(0, ("the worked row (4, -1, 2, 0.5)", w, x))
+    return cases
+
+
+def check_wanda_mask(fn) -> CheckResult:
+    """The mask against the reference on every case (a 0/1 float mask is accepted)."""
+    g = Grader("check_wanda_mask")
+    for name, w, x in _wanda_cases(torch.Generator().manual_seed(4)):
+        got = g.call(fn, w.clone(), x.clone())
+        if isinstance(got, torch.Tensor):
+            got = got.bool()
+        g.compare(name, got, wanda_mask(w, x))
+    return g.result()
+
+
 def check_distillation_loss(fn) -> CheckResult:
     g = Grader("check_distillation_loss")
     gen = torch.Generator().manual_seed(1)
@@ -118,16 +156,45 @@ def check_distillation_loss(fn) -> CheckResult:
 _SOFTMAX_LIKE = ("softmax", "log_softmax", "exp", "log", "logsumexp", "kl_div", "sigmoid", "expm1", "log1p")
 
 
+_LEAVING_TORCH = ("numpy", "array", "tolist")  # Tensor.numpy(), np.asarray(tensor), Tensor.tolist()
+_MATH_LIKE = ("exp", "expm1", "log", "log1p", "log2", "log10")
+
+
 class _Calls(TorchFunctionMode):
-    """The names of the torch functions and tensor methods called inside the ``with`` block."""
+    """The names of the torch functions and tensor methods called inside the ``with`` block, how many calls,
+    and the first argument of every cosine similarity (where a loss was evaluated)."""
 
     def __init__(self):
         super().__init__()
         self.names: set[str] = set()
+        self.count = 0
+        self.cosine_inputs: list = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", str(func)).strip("_"))
+        name = getattr(func, "__name__", str(func)).strip("_")
+        self.names.add(name)
+        self.count += 1
+        if name in ("cosine_similarity", "cosine_embedding_loss") and args:
+            self.cosine_inputs.append(args[0])
         return func(*args, **(kwargs or {}))
+
+
+def _math_recorded(fn, used: list[str]):
+    """``fn`` with every call of math's exponentials and logarithms (on Python floats, which torch's mode does
+    not see) appended to ``used``."""
+
+    def watch(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__module__", None) in ("math", "cmath") and arg.__name__ in _MATH_LIKE:
+            used.append(f"math.{arg.__name__}")
+
+    def call(*args):
+        sys.setprofile(watch)
+        try:
+            return fn(*args)
+        finally:
+            sys.setprofile(None)
+
+    return call
 
 
 def _cosine_cases(gen: torch.Generator) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -145,8 +212,31 @@ def _cosine_cases(gen: torch.Generator) -> list[tuple[str, torch.Tensor, torch.T
     return cases
 
 
+def _same_values(x, *refs: torch.Tensor) -> bool:
+    """Whether tensor ``x`` holds exactly the values of one of ``refs`` (any shape or float dtype)."""
+    return isinstance(x, torch.Tensor) and any(
+        x.numel() == r.numel() and torch.equal(x.detach().reshape(r.shape).double(), r.double()) for r in refs
+    )
+
+
+def _cosine_method(g: Grader, name: str, calls: _Calls, s: torch.Tensor, t: torch.Tensor) -> bool:
+    """The method checks of one call: no autograd, and every cosine taken at the given states."""
+    used = sorted(calls.names & {"backward", "grad", "requires_grad", "enable_grad", "set_grad_enabled"})
+    if not g.expect(f"{name}: by the derivation", not used, f"your function used autograd ({used}): derive it by hand"):
+        return False
+    moved = [x for x in calls.cosine_inputs if not _same_values(x, s, t)]
+    return g.expect(
+        f"{name}: by the derivation",
+        not moved,
+        f"your function evaluated a cosine (or the loss) at {len(moved)} other student states than the given ones: "
+        "that is a finite difference; derive the gradient",
+    )
+
+
 def check_cosine_gradient(fn) -> CheckResult:
-    """The gradient is compared with autograd's through ``hidden_state_loss``; the learner must not use autograd."""
+    """The gradient against autograd's through ``hidden_state_loss``. The method: no autograd, no cosine or loss
+    evaluated away from the given states, and no more torch calls at d = 64 than at d = 4 (a finite difference,
+    one evaluation per coordinate, makes 16 times as many)."""
     g = Grader("check_cosine_gradient")
     for name, s, t in _cosine_cases(torch.Generator().manual_seed(2)):
         leaf = s.clone().requires_grad_()
@@ -154,11 +244,26 @@ def check_cosine_gradient(fn) -> CheckResult:
         calls = _Calls()
         with torch.no_grad(), calls:
             got = g.call(fn, s.clone(), t.clone())
-        used = sorted(calls.names & {"backward", "grad", "requires_grad", "enable_grad", "set_grad_enabled"})
-        g.expect(f"{name}: by the derivation", not used, f"your function used autograd ({used}): derive it by hand")
+        if not _cosine_method(g, name, calls, s, t):
+            break
         # fp32 norms and dot products of O(1)-O(10) vectors: relative error a few ulps; 1e-6 absolute covers the
         # zero-gradient case, where autograd's answer is itself rounding noise of order 1e-8
         g.compare(name, got, expected, atol=1e-6, rtol=1e-4)
+    gen = torch.Generator().manual_seed(5)
+    counts = {}
+    for d in (4, 64):
+        s, t = torch.randn(2, 3, d, generator=gen), torch.randn(2, 3, d, generator=gen)
+        calls = _Calls()
+        with torch.no_grad(), calls:
+            g.call(fn, s, t)
+        counts[d] = calls.count
+    g.expect(
+        "hidden size 4 against 64: the work does not grow with d",
+        counts[64] <= counts[4] + 8,
+        f"your function made {counts[4]} torch calls at d = 4 and {counts[64]} at d = 64: one evaluation per "
+        "coordinate is a finite difference (and a loop over the d coordinates is slow): derive the gradient and "
+        "write it with whole-tensor operations",
+    )
     return g.result()
 
 
@@ -184,8 +289,10 @@ def high_temperature_limit(student_logits: torch.Tensor, teacher_logits: torch.T
 
 
 def check_high_temperature_limit(fn) -> CheckResult:
-    """The value against the closed form, and no softmax, exp or log in the learner's code (a large T is not
-    the limit: evaluating the loss at T = 1e6 gives a number close to it by another road)."""
+    """The value against the closed form, computed in torch from the logits alone: no softmax, exp or log (torch's
+    or math's), and the logits never leave torch (numpy, tolist), where the grader could not see an exponential.
+    A large T is not the limit: the loss at T = 1e6, or two large T extrapolated, give a number close to it by
+    another road."""
     g = Grader("check_high_temperature_limit")
     gen = torch.Generator().manual_seed(3)
     cases = []
@@ -197,14 +304,20 @@ def check_high_temperature_limit(fn) -> CheckResult:
         t = torch.randn(s.shape, generator=gen, dtype=torch.float64) * 2
         if "shifted" in name:
             t = s + 0.3 * torch.randn(s.shape, generator=gen, dtype=torch.float64) + torch.arange(4.0)[:, None] * 5
-        calls = _Calls()
+        calls, math_used = _Calls(), []
         with calls:
-            got = g.call(fn, s.clone(), t.clone())
-        used = sorted(calls.names & set(_SOFTMAX_LIKE))
-        g.expect(
+            got = g.call(_math_recorded(fn, math_used), s.clone(), t.clone())
+        used = sorted((calls.names & set(_SOFTMAX_LIKE)) | set(math_used))
+        left = sorted(calls.names & set(_LEAVING_TORCH))
+        if not g.expect(
             f"{name}: computed from the logits alone",
             not used,
             f"your function called {used}: derive the limit; do not evaluate the loss at a large T",
-        )
-        g.compare(name, got, high_temperature_limit(s, t), rtol=1e-6, atol=1e-9)
+        ) or not g.expect(
+            f"{name}: computed in torch",
+            not left,
+            f"your function took the logits out of torch ({left}): work on the tensors with torch operations",
+        ):
+            break
+        g.compare(name, got, high_temperature_limit(s, t).item(), rtol=1e-6, atol=1e-9)  # a 0-d tensor or a float
     return g.result()

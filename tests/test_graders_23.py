@@ -1,0 +1,161 @@
+"""Lesson 23's graders against the ways round them: a Wanda mask scored by the wrong quantity or axis, a
+gradient by finite differences, a high-temperature limit by extrapolating the loss from two large T. Each
+bypass gives the right numbers (the tests check that too), so only the method check can fail it."""
+
+import math
+
+import numpy as np
+import torch
+
+from llmedu.checks.compress import (
+    _cosine_cases,
+    _wanda_cases,
+    check_cosine_gradient,
+    check_high_temperature_limit,
+    check_wanda_mask,
+    high_temperature_limit,
+)
+from llmedu.compress.distillation import hidden_state_loss
+from llmedu.compress.pruning import nm_mask
+
+
+# -- exercise 1: Wanda's 2:4 mask --------------------------------------------------------------------------------
+def _two_four(score):
+    """Keep the 2 largest of each group of 4 consecutive inputs of ``score`` (out, in), by hand."""
+    out, inp = score.shape
+    groups = score.reshape(out, inp // 4, 4)  # (out, in/4, 4)
+    keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, groups.topk(2, -1).indices, True)
+    return keep.reshape(out, inp)
+
+
+def test_wanda_mask_passes_the_criterion_written_two_ways():
+    assert check_wanda_mask(lambda w, x: _two_four(w.abs() * x.norm(dim=0)))
+    assert check_wanda_mask(lambda w, x: nm_mask(w.abs() * x.pow(2).sum(0).sqrt()).float())  # a 0/1 mask
+
+
+def test_wanda_mask_fails_magnitude_and_the_wrong_axis():
+    assert not check_wanda_mask(lambda w, x: nm_mask(w))  # plain magnitude: the inputs ignored
+    # the norm over features (one per token) instead of over tokens (one per feature): it broadcasts where
+    # n_tokens equals in_features (or out_features, as a row scale that leaves each row's order alone)
+    assert not check_wanda_mask(lambda w, x: _two_four(w.abs() * x.norm(dim=1)))
+    assert not check_wanda_mask(lambda w, x: _two_four(w.abs() * x.norm(dim=1)[: w.shape[0], None]))
+    assert not check_wanda_mask(lambda w, x: _two_four(w.abs() * x.norm(dim=0) ** 2))  # the squared norm
+    assert not check_wanda_mask(lambda w, x: _two_four(w.abs() * x.abs().mean(0)))  # the mean size, not the l2 norm
+    # Wanda's score, grouped along the outputs (down a column) instead of the inputs
+    assert not check_wanda_mask(
+        lambda w, x: _two_four((w.abs() * x.norm(dim=0)).T.contiguous()).T if w.shape[0] % 4 == 0 else None
+    )
+
+
+def test_wanda_cases_make_magnitude_and_wanda_differ_in_every_shape():
+    for name, w, x in _wanda_cases(torch.Generator().manual_seed(4)):
+        assert not torch.equal(nm_mask(w), nm_mask(w.abs() * x.norm(dim=0))), name
+
+
+# -- exercise 2: the cosine gradient by the derivation ------------------------------------------------------------
+def _cosine(s, t):
+    s_norm, t_norm = s.norm(dim=-1, keepdim=True), t.norm(dim=-1, keepdim=True)  # (B, T, 1)
+    cos = (s * t).sum(-1, keepdim=True) / (s_norm * t_norm)
+    return -(t / t_norm - cos * s / s_norm) / (s_norm * s.shape[0] * s.shape[1])
+
+
+def _fd_through_loss(s, t, h=1e-6):
+    """Central differences of ``hidden_state_loss`` in float64, one entry of s at a time."""
+    s64, t64 = s.double(), t.double()
+    flat, grad = s64.reshape(-1), torch.zeros(s.numel(), dtype=torch.float64)
+    for i in range(flat.numel()):
+        up, down = flat.clone(), flat.clone()
+        up[i] += h
+        down[i] -= h
+        loss_up, loss_down = hidden_state_loss(up.reshape(s.shape), t64), hidden_state_loss(down.reshape(s.shape), t64)
+        grad[i] = (loss_up - loss_down) / (2 * h)
+    return grad.reshape(s.shape).float()
+
+
+def _fd_by_coordinate(s, t, h=1e-6):
+    """Central differences of the per-token loss, written out, one coordinate of every token at a time."""
+    s64, t64 = s.double(), t.double()
+
+    def per_token(x):  # (B, T): 1 - cos
+        return 1 - (x * t64).sum(-1) / (x.norm(dim=-1) * t64.norm(dim=-1))
+
+    columns = []
+    for k in range(s.shape[-1]):
+        step = torch.zeros(s.shape[-1], dtype=torch.float64)
+        step[k] = h
+        columns.append((per_token(s64 + step) - per_token(s64 - step)) / (2 * h * s.shape[0] * s.shape[1]))
+    return torch.stack(columns, -1).float()
+
+
+def test_the_finite_differences_give_the_right_numbers():
+    for name, s, t in _cosine_cases(torch.Generator().manual_seed(2)):
+        leaf = s.clone().requires_grad_()
+        (expected,) = torch.autograd.grad(hidden_state_loss(leaf, t), leaf)
+        for fd in (_fd_through_loss, _fd_by_coordinate):
+            assert torch.allclose(fd(s, t), expected, atol=1e-6, rtol=1e-4), (name, fd.__name__)
+
+
+def test_cosine_gradient_fails_finite_differences():
+    assert check_cosine_gradient(_cosine)
+    assert check_cosine_gradient(  # the cosine from torch, at the given states, is a right method
+        lambda s, t: (
+            -(
+                t / t.norm(dim=-1, keepdim=True)
+                - torch.nn.functional.cosine_similarity(s, t, dim=-1)[..., None] * s / s.norm(dim=-1, keepdim=True)
+            )
+            / (s.norm(dim=-1, keepdim=True) * s.shape[0] * s.shape[1])
+        )
+    )
+    assert not check_cosine_gradient(_fd_through_loss)
+    assert not check_cosine_gradient(_fd_by_coordinate)
+
+
+# -- exercise 3: the high-temperature limit, derived -------------------------------------------------------------
+def _kl_numpy(s, t, T):
+    def log_softmax(z):
+        z = z / T
+        z = z - z.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+    log_p, log_q = log_softmax(t), log_softmax(s)
+    return T**2 * (np.exp(log_p) * (log_p - log_q)).sum(-1).mean()
+
+
+def _richardson_numpy(s, t):  # the loss at T = 1000 and 2000, its 1/T term cancelled
+    s, t = s.numpy(), t.numpy()
+    return torch.tensor(2 * _kl_numpy(s, t, 2000.0) - _kl_numpy(s, t, 1000.0))
+
+
+def _kl_python(rows_s, rows_t, T):
+    total = 0.0
+    for zs, zt in zip(rows_s, rows_t):
+        log_zs = math.log(sum(math.exp(z / T) for z in zs))
+        log_zt = math.log(sum(math.exp(z / T) for z in zt))
+        total += sum(math.exp(b / T - log_zt) * ((b / T - log_zt) - (a / T - log_zs)) for a, b in zip(zs, zt))
+    return T**2 * total / len(rows_s)
+
+
+def _richardson_items(s, t):  # element by element through .item(), then math
+    rows_s = [[s[i, j].item() for j in range(s.shape[1])] for i in range(s.shape[0])]
+    rows_t = [[t[i, j].item() for j in range(t.shape[1])] for i in range(t.shape[0])]
+    return torch.tensor(2 * _kl_python(rows_s, rows_t, 2000.0) - _kl_python(rows_s, rows_t, 1000.0))
+
+
+def _richardson_tolist_numpy(s, t):  # out of torch by tolist, then numpy's exp and log
+    s, t = np.array(s.tolist()), np.array(t.tolist())
+    return torch.tensor(2 * _kl_numpy(s, t, 2000.0) - _kl_numpy(s, t, 1000.0))
+
+
+def test_the_extrapolations_give_the_right_numbers():
+    gen = torch.Generator().manual_seed(0)
+    s, t = (torch.randn(5, 4, generator=gen, dtype=torch.float64) * 2 for _ in range(2))
+    for bypass in (_richardson_numpy, _richardson_items, _richardson_tolist_numpy):
+        assert math.isclose(bypass(s, t).item(), high_temperature_limit(s, t).item(), rel_tol=1e-6), bypass.__name__
+
+
+def test_high_temperature_limit_fails_an_extrapolated_loss():
+    assert check_high_temperature_limit(high_temperature_limit)
+    assert check_high_temperature_limit(lambda s, t: high_temperature_limit(s, t).item())  # a float is fine
+    assert not check_high_temperature_limit(_richardson_numpy)
+    assert not check_high_temperature_limit(_richardson_items)
+    assert not check_high_temperature_limit(_richardson_tolist_numpy)
