@@ -64,3 +64,15 @@ def test_an_altered_adapter_file_is_refused_before_it_is_read(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=f"{name}.safetensors has sha256 .*its record says"):
         finetuned.shipped_base(tmp_path)
+
+
+def test_by_length_scores_the_same_snippets_in_fewer_padded_tokens():
+    shuffled = finetuned.rotten_tomatoes("validation", 16, limit=96)
+    ordered = finetuned.rotten_tomatoes("validation", 16, limit=96, by_length=True)
+    assert sorted(zip(ordered.texts, ordered.labels)) == sorted(zip(shuffled.texts, shuffled.labels))
+    assert [len(t) for t in ordered.texts] == sorted(len(t) for t in shuffled.texts)
+
+    def padded(data):
+        return sum(data[i]["input_ids"].numel() for i in range(len(data)))
+
+    assert padded(ordered) < 0.8 * padded(shuffled)
