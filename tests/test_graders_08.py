@@ -12,6 +12,7 @@ from llmedu.checks.low_precision import (
     DECAY_CASES,
     DECAY_LINE_BUDGET,
     LINE_BUDGET,
+    MAP_CASES,
     REPLAY_STEPS,
     TIME_LIMIT_S,
     _final_weight,
@@ -283,19 +284,115 @@ def test_dynamic_map_error_refuses_a_rebuild_with_numpy_ufuncs():
     assert not result and "torch or numpy (numpy)" in result.failure, result.failure
 
 
-def test_decay_ratio_refuses_an_answer_that_switches_the_line_count_off(capsys):
-    # a capped simulation behind sys.settrace(None) ran uncounted and passed every case
-    def untraced(w, grad, lr, weight_decay, steps):
+def test_decay_ratio_refuses_an_answer_that_switches_the_line_count_off():
+    def untraced(w, grad, lr, weight_decay, steps):  # a capped simulation behind sys.settrace(None): the right ratio
         import sys
 
         sys.settrace(None)
-        m = v = 0.0
-        coupled = decoupled = w
-        for t in range(1, min(steps, 200) + 1):
-            g = grad + weight_decay * coupled
-            m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
-            coupled -= lr * (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)) ** 0.5 + 1e-8)
-        return coupled / decoupled
+        return decay_ratio_by_simulating(w, grad, lr, weight_decay, steps, cap=200)
 
-    assert not check_decay_ratio(untraced)
-    assert "lines of Python" in capsys.readouterr().out
+    assert_right_by_the_wrong_way(untraced, "sys.settrace")
+
+
+# -- the count itself: an answer that hides its steps from the grader's count is refused -------------
+def assert_right_by_the_wrong_way(fn, name, check=check_decay_ratio, right=None):
+    """``fn`` gives the right value (checked on the first cases) and fails by its method, with ``name`` named."""
+    cases, reference = (DECAY_CASES[:3], measured_decay_ratio) if check is check_decay_ratio else (MAP_CASES, right)
+    for case in cases:
+        assert math.isclose(fn(*case), reference(*case), rel_tol=0.05 if right is None else 1e-4), case
+    result = check(fn)
+    assert not result and name in result.failure, result.failure
+
+
+def restoring_the_tracer(simulate):
+    def answer(*case):  # save the grader's trace function, switch it off, simulate, and put it back
+        import sys
+
+        t = sys.gettrace()
+        sys.settrace(None)
+        try:
+            return simulate(*case)
+        finally:
+            sys.settrace(t)
+
+    return answer
+
+
+def test_graders_refuse_an_answer_that_switches_the_count_off_and_back_on():
+    assert_right_by_the_wrong_way(
+        restoring_the_tracer(lambda *case: decay_ratio_by_simulating(*case, cap=200)), "settrace"
+    )
+    by_scan = restoring_the_tracer(map_error_by_plain_python_scan)
+    assert_right_by_the_wrong_way(by_scan, "settrace", check_dynamic_map_error, map_error)
+
+    def by_a_built_name(*case):  # the same, with no name of the trace functions in its code
+        import sys
+
+        set_trace = getattr(sys, "".join(["set", "trace"]))
+        before = getattr(sys, "".join(["get", "trace"]))()
+        set_trace(None)
+        try:
+            return decay_ratio_by_simulating(*case, cap=200)
+        finally:
+            set_trace(before)
+
+    assert_right_by_the_wrong_way(by_a_built_name, "sys.settrace")
+
+
+def decay_ratio_in_a_silent_frame(w, grad, lr, weight_decay, steps, silence):
+    """A capped simulation in a frame that ``silence()`` has told to stop reporting its lines: the right ratio."""
+    silence()
+    out = []
+    for wd, coupled in ((0.0, False), (weight_decay, True), (weight_decay, False)):
+        p, m, v, t = w, 0.0, 0.0, 0
+        while t < min(steps, 200):
+            t += 1; g = (grad if t % 2 else -grad) + (wd * p if coupled else 0.0); p -= 0.0 if coupled else lr * wd * p; m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g; p -= lr * (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)) ** 0.5 + 1e-8)  # noqa: E501, E702  # fmt: skip
+        out.append(p)
+    return (out[0] - out[1]) / (out[0] - out[2])
+
+
+def silence_the_caller():
+    import sys
+
+    sys._getframe(1).f_trace_lines = False
+
+
+def silence_the_caller_by_built_names():  # the same, with no name of frames or tracing in its code
+    import sys
+
+    frame = getattr(sys, "".join(["_get", "frame"]))(1)
+    setattr(frame, "".join(["f_trace", "_lines"]), False)
+
+
+def test_decay_ratio_refuses_an_answer_that_turns_off_its_frames_line_events():
+    by_name = lambda *case: decay_ratio_in_a_silent_frame(*case, silence_the_caller)  # noqa: E731
+    assert_right_by_the_wrong_way(by_name, "_getframe")
+    by_built_names = lambda *case: decay_ratio_in_a_silent_frame(*case, silence_the_caller_by_built_names)  # noqa: E731
+    assert_right_by_the_wrong_way(by_built_names, "f_trace_lines")
+
+
+STEP = (
+    "t+=1;g=(grad if t%2 else -grad)+(wd*p if c else 0.0);p-=0.0 if c else lr*wd*p;"
+    "m,v=0.9*m+0.1*g,0.999*v+0.001*g*g;p-=lr*(m/(1-0.9**t))/((v/(1-0.999**t))**0.5+1e-8);"
+)
+
+
+def decay_ratio_unrolled(w, grad, lr, weight_decay, steps, run):
+    """200 Adam steps written out on one line and run by ``exec``: one line event, the right ratio."""
+    out = []
+    for wd, c in ((0.0, False), (weight_decay, True), (weight_decay, False)):
+        state = dict(w=w, grad=grad, lr=lr, wd=wd, c=c)
+        run("p,m,v,t=w,0.0,0.0,0;" + STEP * min(steps, 200), state)
+        out.append(state["p"])
+    return (out[0] - out[1]) / (out[0] - out[2])
+
+
+def test_decay_ratio_refuses_a_simulation_unrolled_onto_one_line():
+    assert_right_by_the_wrong_way(lambda *case: decay_ratio_unrolled(*case, run=exec), "exec")
+
+    def by_a_built_name(*case):  # exec, not named in the answer's code: only the count of instructions sees it
+        import builtins
+
+        return decay_ratio_unrolled(*case, run=getattr(builtins, "".join(["ex", "ec"])))
+
+    assert_right_by_the_wrong_way(by_a_built_name, "instructions")

@@ -15,15 +15,19 @@ tested against ``adamw_update_``) until the bias corrections have died out and a
 displacements repeats, then counts that cycle out to 10**8 steps (the weight's own drift over them, below
 lr * steps against |w|, is left out). Both exercises ask for a prediction: an answer that calls torch, names
 numpy (in its code or a helper of the same namespace) or returns a numpy scalar fails with a message that says so;
-each answer runs under a budget of executed Python lines that a formula meets and a simulation of Adam's steps (even
-one capped at a few dozen) or a rebuild and scan of the map's 256 values cannot, and the decay answer also under a
-time limit. For the first case of each, a wrong answer hears only "too high" or "too low".
+each answer runs under a budget of executed Python lines and bytecode instructions (ten a line: steps unrolled onto
+one line count) that a formula meets and a simulation of Adam's steps (even one capped at a few dozen) or a rebuild
+and scan of the map's 256 values cannot, the decay answer also under a time limit. An answer that hides from that
+count fails too: a name of ``HIDING`` in its code (settrace, _getframe, exec...), sys.settrace called by any name, or
+a frame's events switched off. For the first case of each, a wrong answer hears only "too high" or "too low".
 """
 
 from __future__ import annotations
 
+import builtins
 import dis
 import functools
+import inspect
 import math
 import sys
 import time
@@ -38,15 +42,22 @@ from llmedu.optim.adamw import adamw_update_
 from llmedu.optim.quantization_map import dynamic_map, nearest_code
 
 __all__ = ["check_decay_ratio", "check_dynamic_map_error", "TIME_LIMIT_S", "LINE_BUDGET", "DECAY_LINE_BUDGET"]
+__all__ += ["INSTRUCTIONS_PER_LINE"]
 
 BETAS, EPS = (0.9, 0.999), 1e-8
 TIME_LIMIT_S = 2.0  # per decay answer: a formula takes microseconds, a Python loop over 10**8 steps minutes
 DECAY_LINE_BUDGET = 100  # Python lines one decay answer may execute (with the grader's wrappers, a formula: ~20);
 # Adam's ratio settles within about 50 steps, and a loop over them runs hundreds of lines
-LINE_BUDGET = (
-    200  # Python lines one map answer may execute: a formula needs tens, a rebuild and scan of 256 values more
-)
+LINE_BUDGET = 200  # Python lines one map answer may execute: a formula needs tens, a rebuild and scan of 256 more
+INSTRUCTIONS_PER_LINE = 10  # the instruction budget, per line of the line budget (the formula with wrappers: ~110)
 REPLAY_STEPS = 60_000  # beta2**60_000 < 1e-26: the bias corrections are gone long before
+HIDING = {"settrace", "gettrace", "setprofile", "_getframe", "currentframe", "f_trace", "f_trace_lines"}
+HIDING |= {"f_trace_opcodes", "exec", "eval", "compile"}  # names an answer needs only to hide steps from the count
+_HIDING_OBJECTS = [getattr(m, name) for m in (sys, inspect, builtins) for name in HIDING if hasattr(m, name)]
+HIDDEN = (
+    "your function reaches for the grader's count of the Python it runs ({}): steps hidden from it (tracing switched "
+    "off, a frame's line events off, code run from a string) are still the grader's measurement; predict the formula"
+)
 
 
 def _final_weight(w: float, grad: float, lr: float, weight_decay: float, steps: int, coupled: bool) -> float:
@@ -127,25 +138,30 @@ def check_decay_ratio(fn) -> CheckResult:
     for case in DECAY_CASES:
         expected = measured_decay_ratio(*case)
         wrapped = _numpy_recorded(_recorded_always(fn, ops), ops)
-        lines, start = [0], time.perf_counter()
-        got = _call_counting_lines(g, wrapped, case, lines, budget=DECAY_LINE_BUDGET, seconds=TIME_LIMIT_S)
+        count, start = _Count(), time.perf_counter()
+        got = _call_counting(g, wrapped, case, count, budget=DECAY_LINE_BUDGET, seconds=TIME_LIMIT_S)
         slow = isinstance(got, _TooSlow) or time.perf_counter() - start > TIME_LIMIT_S  # also if it caught the stop
         description = "w={}, grad={}, lr={}, weight_decay={}, steps={:,}".format(*case)
-        uses = sorted(set(ops) | _numpy_names(fn)) or (["a numpy scalar"] if _is_numpy(got) else [])
+        numpy, hiding = _code_names(fn)
+        uses = sorted(set(ops) | numpy) or (["a numpy scalar"] if _is_numpy(got) else [])
+        hidden, method = ", ".join(sorted(hiding | count.off)), f"{description}: the method"
         simulating = "simulating Adam's steps, for all of them or for some, is the grader's measurement"
         if not g.expect(
-            f"{description}: the method",
+            method,
             not uses,
             f"your function uses torch or numpy ({', '.join(uses)}): running the two optimizers is the grader's "
             "measurement; predict the ratio in plain Python (math) from what m_hat and v_hat become",
-        ) or not g.expect(
-            f"{description}: the method",
-            not slow and lines[0] <= DECAY_LINE_BUDGET,
+        ) or not g.expect(method, not hidden, HIDDEN.format(hidden)):
+            break
+        if not g.expect(
+            method,
+            not slow and not count.over(DECAY_LINE_BUDGET),
             f"your function ran for more than {TIME_LIMIT_S:g} s: {simulating}; predict the ratio from what m_hat "
             "and v_hat settle to"
             if slow
-            else f"your function executed more than {DECAY_LINE_BUDGET} lines of Python: {simulating}; predict the "
-            "ratio from what m_hat and v_hat settle to",
+            else f"your function executed more than {DECAY_LINE_BUDGET} lines of Python (or "
+            f"{INSTRUCTIONS_PER_LINE * DECAY_LINE_BUDGET:,} instructions): {simulating}; predict the ratio from "
+            "what m_hat and v_hat settle to",
         ):
             break
         compare = _compare_headline if case == DECAY_CASES[0] else Grader.compare
@@ -172,20 +188,35 @@ def _recorded_always(fn, ops: list[str]):
     return call
 
 
-def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int], budget: int | None = None, seconds=None):
-    """``g.call(fn, *args)``, adding to ``lines[0]`` every Python line executed inside ``fn`` (any frame); stopped
-    past ``budget`` lines or ``seconds``, when they are given, and then returning the ``_OverBudget`` or
-    ``_TooSlow`` that stopped it. Only ``fn`` is traced: an error it raises leaves it untraced, so ``g.call``'s
-    report of that error (a traceback read in Python) neither counts nor is stopped."""
+class _Count:
+    """What one answer ran, in any frame it entered: Python lines, bytecode instructions, and how it hid from both."""
+
+    def __init__(self):
+        self.lines, self.instructions, self.off = 0, 0, set()
+
+    def over(self, budget: int) -> bool:
+        return self.lines > budget or self.instructions > INSTRUCTIONS_PER_LINE * budget
+
+
+def _call_counting(g: Grader, fn, args: tuple, count: _Count, budget: int | None = None, seconds=None):
+    """``g.call(fn, *args)``, counting every line and instruction run inside ``fn`` (any frame) into ``count``, and
+    stopped past ``budget`` or ``seconds`` if given (returning the ``_OverBudget`` or ``_TooSlow``). While ``fn`` runs,
+    ``sys.settrace`` only records the attempt; a frame whose events went off is recorded too. Only ``fn`` is traced:
+    ``g.call``'s report of an error it raises neither counts nor is stopped."""
     deadline = None if seconds is None else time.perf_counter() + seconds
-    stopped = []  # raise once: the handlers that catch the stop run traced too
+    stopped, frames = [], []  # raise once: the handlers that catch the stop run traced too
 
     def tracer(frame, event, arg):
-        if event == "line":
-            lines[0] += 1
+        if event == "call":
+            frame.f_trace_opcodes = True
+            frames.append(frame)
+        elif not (frame.f_trace_lines and frame.f_trace_opcodes):
+            count.off.add("f_trace_lines" if not frame.f_trace_lines else "f_trace_opcodes")
+        count.lines += event == "line"
+        count.instructions += event == "opcode"
         if stopped:
             return tracer
-        if budget is not None and lines[0] > budget:
+        if budget is not None and count.over(budget):
             stopped.append(True)
             raise _OverBudget(f"more than {budget} lines")
         if deadline is not None and time.perf_counter() > deadline:
@@ -194,27 +225,37 @@ def _call_counting_lines(g: Grader, fn, args: tuple, lines: list[int], budget: i
         return tracer
 
     def traced(*args):
-        previous = sys.gettrace()
-        sys.settrace(tracer)
+        previous, settrace = sys.gettrace(), sys.settrace
+        sys.settrace = lambda function: count.off.add("sys.settrace")  # the count stays on
+        settrace(tracer)
         try:
-            result = fn(*args)
-            if sys.gettrace() is not tracer:  # the answer switched the count off: its lines went uncounted
-                lines[0] = max(lines[0], (budget or 0) + 1)
-            return result
+            return fn(*args)
         except (_OverBudget, _TooSlow) as stop:
             return stop
         finally:
-            sys.settrace(previous)
+            now, sys.settrace = sys.gettrace(), settrace
+            settrace(previous)
+            if not stopped and (now is not tracer or any(f.f_trace is not tracer for f in frames)):  # a stop unsets it
+                count.off.add("sys.settrace" if now is not tracer else "f_trace")
 
     return g.call(traced, *args)
 
 
-def _numpy_names(fn) -> set[str]:
-    """The names in ``fn``'s code (and its nested functions', closures' and same-namespace helpers') that resolve to
-    numpy: the module, a submodule, or anything defined in it (np.sqrt, np.float64), and numpy imported inside it.
-    A ufunc makes no call event that ``_numpy_recorded`` could see, so the names are read from the code."""
+def _code_names(fn) -> tuple[set[str], set[str]]:
+    """The names in ``fn``'s code (and its nested functions', closures', defaults' and same-namespace helpers') that
+    are numpy (np, np.sqrt, np.float64, import numpy: a ufunc makes no call event that ``_numpy_recorded`` sees), and
+    those of ``HIDING`` (as a name, an attribute, a string, or the function itself)."""
     found: set[str] = set()
+    hiding: set[str] = set()
     seen: set[int] = set()
+
+    def resolve(name: str, obj, helper: bool) -> None:
+        if _is_numpy(obj):
+            found.add(name)
+        elif any(obj is h for h in _HIDING_OBJECTS):
+            hiding.add(obj.__name__)
+        elif helper:
+            visit(obj)
 
     def visit(f) -> None:
         if id(f) in seen or not isinstance(f, types.FunctionType):
@@ -228,20 +269,18 @@ def _numpy_names(fn) -> set[str]:
             codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
             imports = {i.argval for i in dis.get_instructions(code) if i.opname == "IMPORT_NAME"}
             found.update(name for name in imports if name.split(".")[0] == "numpy")  # import numpy inside it
+            hiding.update(n for n in code.co_names + code.co_consts if isinstance(n, str) and n in HIDING)
             for name in code.co_names + code.co_freevars:
                 obj = values[name] if name in values else f.__globals__.get(name)
-                if obj is None:
-                    continue
-                if _is_numpy(obj):
-                    found.add(name)
-                elif isinstance(obj, types.FunctionType) and obj.__globals__ is f.__globals__:
-                    visit(obj)  # a helper the answer defined beside it
-        for obj in values.values():
-            if isinstance(obj, types.FunctionType):
-                visit(obj)
+                if obj is not None:  # a helper the answer defined beside it is read too
+                    resolve(name, obj, isinstance(obj, types.FunctionType) and obj.__globals__ is f.__globals__)
+        for obj in list(f.__defaults__ or ()) + list((f.__kwdefaults__ or {}).values()):  # what its defaults hold
+            resolve(getattr(obj, "__name__", type(obj).__name__), obj, True)
+        for obj in values.values():  # the functions its closure holds (the names were read above)
+            visit(obj)
 
     visit(fn)
-    return found
+    return found, hiding
 
 
 def _is_numpy(obj) -> bool:
@@ -286,18 +325,21 @@ def check_dynamic_map_error(fn) -> CheckResult:
     ops: list[str] = []
     for decade, signed in MAP_CASES:
         expected = measured_map_error(decade, signed)
-        lines = [0]
-        got = _call_counting_lines(g, _numpy_recorded(_recorded(fn, ops), ops), (decade, signed), lines)
+        count = _Count()
+        got = _call_counting(g, _numpy_recorded(_recorded(fn, ops), ops), (decade, signed), count)
         description = f"decade={decade}, signed={signed}"
-        uses = sorted(set(ops) | _numpy_names(fn)) or (["a numpy scalar"] if _is_numpy(got) else [])
-        if not g.expect(
+        numpy, hiding = _code_names(fn)
+        uses = sorted(set(ops) | numpy) or (["a numpy scalar"] if _is_numpy(got) else [])
+        hidden = ", ".join(sorted(hiding | count.off))
+        if not g.expect(f"{description}: the method", not hidden, HIDDEN.format(hidden)) or not g.expect(
             f"{description}: the method",
-            not uses and lines[0] <= LINE_BUDGET,
+            not uses and not count.over(LINE_BUDGET),
             f"your function uses torch or numpy ({', '.join(uses)}): building the map and scanning it "
             "is the grader's measurement; derive the largest error in plain Python (math) from how the map places "
             "its values"
             if uses
-            else f"your function executed {lines[0]:,} lines of Python for one decade (at most {LINE_BUDGET}): that "
+            else f"your function executed {count.lines:,} lines of Python ({count.instructions:,} instructions) for "
+            f"one decade (at most {LINE_BUDGET} and {INSTRUCTIONS_PER_LINE * LINE_BUDGET:,}): that "
             "is a rebuild and scan of the map, the grader's measurement; derive the largest error from the two "
             "places it can occur",
         ):
