@@ -11,9 +11,7 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]*.ipynb"))
 CAPSTONE_WORDS, LESSON_WORDS, CELL_WORDS = 4_500, 3_000, 250
-NOT_YET_DISTILLED = {
-    "19_peft",
-}
+NOT_YET_DISTILLED: set[str] = set()
 
 
 def prose(path: Path) -> list[int]:

@@ -21,9 +21,8 @@ P ones. In prompt tuning the prompts are tokens: they take positions 0..P-1 and 
 P..P+T-1. In prefix tuning the prefix is a past, and ``peft`` (through ``transformers``' cache) also moves
 the real tokens to positions P..P+T-1; that is ``shift_positions=True``, the default.
 ``shift_positions=False`` keeps them at 0..T-1. A model with learned absolute positions never saw [CLS] at
-position P in pretraining: on MiniLM and Rotten Tomatoes (lesson 19, one seed, one rate) shifted prefix
-tuning stayed at the majority class where unshifted reached 78.1%, though P-tuning v2 trained BERT prefixes
-with the shift.
+position P in pretraining, though P-tuning v2 trained BERT prefixes with the shift; lesson 19's study
+trains both.
 
 Left out: prompt initialisation from a text, multi-task prompts, encoder-decoder models.
 """
