@@ -159,3 +159,108 @@ def test_high_temperature_limit_fails_an_extrapolated_loss():
     assert not check_high_temperature_limit(_richardson_numpy)
     assert not check_high_temperature_limit(_richardson_items)
     assert not check_high_temperature_limit(_richardson_tolist_numpy)
+
+
+# -- the routes round the method checks that a first version of the graders let through ---------------------------
+def _fd_all_at_once(s, t, h=1e-6):
+    """Central differences of every coordinate at once: s ± h·eye(d) broadcast to (B, T, d, d), the cosine by
+    hand, so the number of torch calls does not grow with d and no cosine_similarity is called."""
+    s64, t64 = s.double(), t.double()
+    step = torch.eye(s.shape[-1], dtype=torch.float64) * h  # (d, d): row k moves coordinate k
+
+    def per_token(x):  # (B, T, d, d) -> (B, T, d): 1 - cos of each perturbed copy
+        tt = t64[..., None, :]
+        return 1 - (x * tt).sum(-1) / (x.norm(dim=-1) * tt.norm(dim=-1))
+
+    up, down = per_token(s64[..., None, :] + step), per_token(s64[..., None, :] - step)
+    return ((up - down) / (2 * h * s.shape[0] * s.shape[1])).float()
+
+
+def test_the_vectorised_finite_difference_gives_the_right_numbers_and_fails():
+    for name, s, t in _cosine_cases(torch.Generator().manual_seed(2)):
+        leaf = s.clone().requires_grad_()
+        (expected,) = torch.autograd.grad(hidden_state_loss(leaf, t), leaf)
+        assert torch.allclose(_fd_all_at_once(s, t), expected, atol=1e-6, rtol=1e-4), name
+    result = check_cosine_gradient(_fd_all_at_once)
+    assert not result and "(..., d, d)" in str(result), result
+
+
+def _kl_torch(s, t, T, exp, log):
+    """T^2 KL(softmax(t/T) || softmax(s/T)) in torch, with the exponential and logarithm given."""
+
+    def log_softmax(z):
+        z = z / T
+        z = z - z.max(-1, keepdim=True).values
+        return z - log(exp(z).sum(-1, keepdim=True))
+
+    log_p, log_q = log_softmax(t), log_softmax(s)
+    return T**2 * (exp(log_p) * (log_p - log_q)).sum(-1).mean()
+
+
+def _richardson(kl):
+    return lambda s, t: 2 * kl(s, t, 2000.0) - kl(s, t, 1000.0)
+
+
+LN2 = math.log(2.0)
+_richardson_exp2 = _richardson(  # base-2 exponential and logarithm
+    lambda s, t, T: _kl_torch(s, t, T, lambda z: torch.exp2(z / LN2), lambda z: torch.log2(z) * LN2)
+)
+
+
+def _kl_torch_lse(s, t, T):
+    def log_softmax(z):  # the log of a sum of exponentials as the last of the cumulative ones
+        z = z / T
+        return z - torch.logcumsumexp(z, -1)[..., -1:]
+
+    log_p, log_q = log_softmax(t), log_softmax(s)
+    return T**2 * ((math.e**log_p) * (log_p - log_q)).sum(-1).mean()  # math.e ** tensor: Tensor.__rpow__
+
+
+_richardson_rpow_logcumsumexp = _richardson(_kl_torch_lse)
+
+
+def _richardson_item_numpy(s, t):  # every logit out by .item(), then numpy's exp and log
+    s = np.array([[s[i, j].item() for j in range(s.shape[1])] for i in range(s.shape[0])])
+    t = np.array([[t[i, j].item() for j in range(t.shape[1])] for i in range(t.shape[0])])
+    return torch.tensor(2 * _kl_numpy(s, t, 2000.0) - _kl_numpy(s, t, 1000.0))
+
+
+_richardson_softplus_pow = _richardson(  # exp(z) as a power with a tensor exponent, log(y) as xlogy(1, y)
+    lambda s, t, T: _kl_torch(
+        s, t, T, lambda z: torch.pow(torch.full_like(z, math.e), z), lambda y: torch.xlogy(torch.ones_like(y), y)
+    )
+)
+
+
+def _assert_right_numbers_refused(bypass, reason):
+    gen = torch.Generator().manual_seed(0)
+    s, t = (torch.randn(5, 4, generator=gen, dtype=torch.float64) * 2 for _ in range(2))
+    assert math.isclose(float(bypass(s, t)), high_temperature_limit(s, t).item(), rel_tol=1e-6)
+    result = check_high_temperature_limit(bypass)
+    assert not result and reason in str(result), result
+
+
+def test_high_temperature_limit_fails_exp2_and_log2():
+    _assert_right_numbers_refused(_richardson_exp2, "exp2")
+
+
+def test_high_temperature_limit_fails_e_to_the_x_and_logcumsumexp():
+    _assert_right_numbers_refused(_richardson_rpow_logcumsumexp, "logcumsumexp")
+
+
+def test_high_temperature_limit_fails_items_then_numpy():
+    _assert_right_numbers_refused(_richardson_item_numpy, ".item() or float() calls")
+
+
+def test_high_temperature_limit_fails_a_tensor_exponent_and_xlogy():
+    _assert_right_numbers_refused(_richardson_softplus_pow, "xlogy")
+
+
+def test_high_temperature_limit_passes_honest_forms_that_leave_torch_once():
+    assert check_high_temperature_limit(lambda s, t: float(high_temperature_limit(s, t)))
+
+    def by_variance(s, t):  # the limit is half the variance, over the classes, of the logit difference
+        diff = s - t  # (B, C)
+        return (diff.var(-1, unbiased=False) / 2).mean()
+
+    assert check_high_temperature_limit(by_variance)

@@ -17,18 +17,17 @@ check_wanda_mask(fn)           fn(weight (out, in), inputs (n_tokens, in)) -> bo
 check_distillation_loss(fn)    fn(student_logits, teacher_logits, T) -> T^2 KL(softmax(t/T) || softmax(s/T)),
                                averaged over the batch (Hinton et al. 2015)
 check_cosine_gradient(fn)      fn(student_hidden, teacher_hidden) (B, T, d) -> d L_cos / d student_hidden of
-                               DistilBERT's L_cos = mean over the B*T tokens of 1 - cos(s, t) (Sanh et al. 2019),
-                               by the derivation: no autograd, no loss or cosine evaluated at other states than the
-                               given ones, no work that grows with d (what a finite difference does)
+                               L_cos = mean over the B*T tokens of 1 - cos(s, t) (DistilBERT, Sanh et al. 2019), by
+                               the derivation: no autograd, and no finite difference (see the function)
 check_high_temperature_limit(fn)
                                fn(student_logits, teacher_logits) (B, C) -> the limit of T^2 KL as T -> infinity,
-                               averaged over the batch (Hinton et al. 2015, sec. 2.1), from the logits alone, in
-                               torch: no softmax, exp or log (torch's or math's), and the logits never leave torch
-                               (numpy, tolist), so that the loss cannot be evaluated at large T and extrapolated
+                               averaged over the batch (Hinton et al. 2015, sec. 2.1), by the derivation: the loss
+                               not evaluated at large T and extrapolated (see the function)
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -153,30 +152,46 @@ def check_distillation_loss(fn) -> CheckResult:
     return g.result()
 
 
-_SOFTMAX_LIKE = ("softmax", "log_softmax", "exp", "log", "logsumexp", "kl_div", "sigmoid", "expm1", "log1p")
-
-
-_LEAVING_TORCH = ("numpy", "array", "tolist")  # Tensor.numpy(), np.asarray(tensor), Tensor.tolist()
-_MATH_LIKE = ("exp", "expm1", "log", "log1p", "log2", "log10")
+# an exp or log by any name (exp2, logcumsumexp, xlogy, softplus, tanh, ELUs, scalar ** tensor; not expand, logical)
+_EXP_OR_LOG = re.compile(
+    r"exp(?!and)|log(?!ical)|soft|sigm|tanh|sinh|cosh|gamma|erf|entr|kl_div|entropy|nll|polar|"
+    r"bessel|^i[01]|^(s|c|ge|si)?elu$|mish|rpow"
+)
+# the ways a number leaves torch (to numpy, math or Python) where the grader cannot see what is done with it;
+# __float__ and item are allowed once, for the answer
+_LEAVING_TORCH = set(
+    "__array__ numpy tolist __int__ __index__ __complex__ __repr__ __str__ __format__ data_ptr storage "
+    "untyped_storage __reduce_ex__ __dlpack__".split()
+)
+_MATH_LIKE = ("exp", "expm1", "log", "log1p", "log2", "log10", "pow")
 
 
 class _Calls(TorchFunctionMode):
-    """The names of the torch functions and tensor methods called inside the ``with`` block, how many calls,
-    and the first argument of every cosine similarity (where a loss was evaluated)."""
+    """The names of the torch functions and tensor methods called inside the ``with`` block (``raw``: with their
+    underscores, ``Tensor.__float__`` apart from ``Tensor.float``; one per call), the first argument of every
+    cosine similarity (where a loss was evaluated), the largest tensor made, and every power's exponent."""
 
     def __init__(self):
         super().__init__()
         self.names: set[str] = set()
-        self.count = 0
+        self.raw: list[str] = []
         self.cosine_inputs: list = []
+        self.exponents: list = []
+        self.largest = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func)).strip("_")
+        raw = getattr(func, "__name__", str(func))
+        name = raw.strip("_")
         self.names.add(name)
-        self.count += 1
+        self.raw.append(raw)
         if name in ("cosine_similarity", "cosine_embedding_loss") and args:
             self.cosine_inputs.append(args[0])
-        return func(*args, **(kwargs or {}))
+        if name in ("pow", "float_power") and len(args) > 1:
+            self.exponents.append(args[1])
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.largest = max(self.largest, out.numel())
+        return out
 
 
 def _math_recorded(fn, used: list[str]):
@@ -235,8 +250,9 @@ def _cosine_method(g: Grader, name: str, calls: _Calls, s: torch.Tensor, t: torc
 
 def check_cosine_gradient(fn) -> CheckResult:
     """The gradient against autograd's through ``hidden_state_loss``. The method: no autograd, no cosine or loss
-    evaluated away from the given states, and no more torch calls at d = 64 than at d = 4 (a finite difference,
-    one evaluation per coordinate, makes 16 times as many)."""
+    evaluated away from the given states, no more torch calls at d = 64 than at d = 4 (a finite difference,
+    one evaluation per coordinate, makes 16 times as many), and no tensor at d = 64 over 4 times the inputs' size
+    (a finite difference of all coordinates at once, s ± h·eye(d), makes a (B, T, d, d) one)."""
     g = Grader("check_cosine_gradient")
     for name, s, t in _cosine_cases(torch.Generator().manual_seed(2)):
         leaf = s.clone().requires_grad_()
@@ -256,7 +272,14 @@ def check_cosine_gradient(fn) -> CheckResult:
         calls = _Calls()
         with torch.no_grad(), calls:
             g.call(fn, s, t)
-        counts[d] = calls.count
+        counts[d] = len(calls.raw)
+    g.expect(
+        "hidden size 64: no (..., d, d) tensor",
+        calls.largest <= 4 * s.numel(),
+        f"your function made a tensor of {calls.largest} numbers from hidden states of {s.numel()} (2, 3, 64): every "
+        "coordinate perturbed at once is a finite difference; a projection (I - s s^T) t can be written without "
+        "the d x d matrix",
+    )
     g.expect(
         "hidden size 4 against 64: the work does not grow with d",
         counts[64] <= counts[4] + 8,
@@ -289,10 +312,9 @@ def high_temperature_limit(student_logits: torch.Tensor, teacher_logits: torch.T
 
 
 def check_high_temperature_limit(fn) -> CheckResult:
-    """The value against the closed form, computed in torch from the logits alone: no softmax, exp or log (torch's
-    or math's), and the logits never leave torch (numpy, tolist), where the grader could not see an exponential.
-    A large T is not the limit: the loss at T = 1e6, or two large T extrapolated, give a number close to it by
-    another road."""
+    """The value against the closed form, in torch from the logits alone: no exponential or logarithm under any
+    name (``_EXP_OR_LOG``, math's, a power above 4) and one number at most out of torch, where the grader cannot
+    see (the loss at large T, extrapolated, is close by another road). A Taylor series of products would pass."""
     g = Grader("check_high_temperature_limit")
     gen = torch.Generator().manual_seed(3)
     cases = []
@@ -307,16 +329,21 @@ def check_high_temperature_limit(fn) -> CheckResult:
         calls, math_used = _Calls(), []
         with calls:
             got = g.call(_math_recorded(fn, math_used), s.clone(), t.clone())
-        used = sorted((calls.names & set(_SOFTMAX_LIKE)) | set(math_used))
-        left = sorted(calls.names & set(_LEAVING_TORCH))
+        used = sorted({n for n in calls.names if _EXP_OR_LOG.search(n)} | set(math_used))
+        used += [f"pow(..., {e!r})" for e in calls.exponents if not (isinstance(e, (int, float)) and abs(e) <= 4)]
+        left = sorted(set(calls.raw) & _LEAVING_TORCH)
+        scalars = sum(r in ("item", "__float__") for r in calls.raw)
+        left += [f"{scalars} .item() or float() calls"] if scalars > 1 else []
         if not g.expect(
             f"{name}: computed from the logits alone",
             not used,
-            f"your function called {used}: derive the limit; do not evaluate the loss at a large T",
+            f"your function called {used}: an exponential or logarithm under another name (or a large power) "
+            "evaluates the loss; derive the limit, which needs only sums, differences and squares",
         ) or not g.expect(
             f"{name}: computed in torch",
             not left,
-            f"your function took the logits out of torch ({left}): work on the tensors with torch operations",
+            f"your function took numbers out of torch ({left}): work on the tensors with torch operations "
+            "(one .item() of the answer is fine)",
         ):
             break
         g.compare(name, got, high_temperature_limit(s, t).item(), rtol=1e-6, atol=1e-9)  # a 0-d tensor or a float
