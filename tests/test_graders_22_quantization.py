@@ -106,3 +106,25 @@ def test_llm_int8_fails_plausible_slips_and_the_librarys_function():
     assert failed(check_llm_int8(lambda *a: llm_int8(*a, per_tensor=True)), "relative difference")
     assert not check_llm_int8(lambda *a: llm_int8(*a, strict=True))  # |x| == threshold left out
     assert failed(check_llm_int8(lambda x, w, t: llm_int8_matmul(x, w, t)[0]), "llm_int8_matmul")
+
+
+def test_llm_int8_passes_bitsandbytes_zeroed_columns_over_all_of_d_in():
+    def zeroed(x, weight, threshold):  # bitsandbytes: the outlier columns zeroed, one int8 product over all d_in
+        cols = (x.abs() >= threshold).any(0)  # (d_in,)
+        qx, sx, _ = quantize(x.masked_fill(cols, 0.0), 8, symmetric=True, axis=0)  # (N, d_in), 0 at O
+        qw, sw, _ = quantize(weight.masked_fill(cols, 0.0), 8, symmetric=True, axis=0)  # (d_out, d_in)
+        return x[:, cols] @ weight[:, cols].T + int8_matmul(qx, qw.T).float() * (sx * sw.T)
+
+    assert check_llm_int8(zeroed)
+
+
+def test_llm_int8_fails_a_thrown_away_int8_product_beside_float_outer_products():
+    def bypass(x, weight, threshold):  # the codes multiplied in float, one column at a time; the int8 call discarded
+        cols = (x.abs() >= threshold).any(0)  # (d_in,)
+        qx, sx, _ = quantize(x[:, ~cols], 8, symmetric=True, axis=0)
+        qw, sw, _ = quantize(weight[:, ~cols], 8, symmetric=True, axis=0)
+        int8_matmul(qx, qw.T)  # runs, and nothing reads it
+        rest = sum(qx[:, j : j + 1].float() @ qw[:, j : j + 1].float().T for j in range(qx.shape[1]))
+        return x[:, cols] @ weight[:, cols].T + rest * (sx * sw.T)
+
+    assert failed(check_llm_int8(bypass), "feeds the output")

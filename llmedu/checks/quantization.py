@@ -15,7 +15,10 @@ check_llm_int8(fn)          fn(x (N, d_in), weight (d_out, d_in), threshold) -> 
                             rest of x and of W). Compared with ``llm_int8.llm_int8_matmul``, which the answer must not
                             call; every matrix product is recorded, and a floating-point one that contracts more
                             columns than the outliers fails (the int8 part must be an integer product:
-                            ``int8.int8_matmul`` or ``torch._int_mm``).
+                            ``int8.int8_matmul`` or ``torch._int_mm``, over the d_in - |O| ordinary columns or,
+                            as bitsandbytes does, over all d_in with the outlier columns' codes zeroed). The
+                            output must be computed from that product: every tensor made from its result is
+                            followed, so a discarded call beside a float product fails.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from llmedu.checks.core import CheckResult, Grader, call_watching
 from llmedu.compress import gptq, llm_int8, smoothquant
@@ -96,23 +100,43 @@ _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "_int
 
 
 class _Products(TorchDispatchMode):
-    """Every matrix product inside the ``with`` block: (name, dtype, contracted length); and the largest
-    floating-point tensor any operation made (a broadcast product summed by hand is one)."""
+    """Every matrix product inside the ``with`` block: (name, dtype, contracted length); the largest
+    floating-point tensor any operation made (a broadcast product summed by hand is one); and the tensors computed
+    from an integer product that contracts at least ``min_int`` columns (``fed``: its result and every tensor an
+    operation makes from them, an in-place one's target and that target's base included)."""
 
-    def __init__(self):
+    def __init__(self, min_int: int):
         super().__init__()
         self.products: list[tuple[str, torch.dtype, int]] = []
         self.largest = 0
+        self.min_int = min_int
+        self.fed: dict[int, torch.Tensor] = {}  # id -> tensor, kept alive so that no id is reused
+
+    def feeds(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and self.fed.get(id(t)) is t
+
+    def _mark(self, t: torch.Tensor):
+        self.fed[id(t)] = t
+        if t._base is not None:  # y[:, :] = ...: the write lands in y
+            self.fed[id(t._base)] = t._base
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
+        integer = False
         if name in _MATMULS:
             a = args[1] if name in ("addmm", "baddbmm", "addmv") else args[0]
             self.products.append((name, a.dtype, a.numel() if name in ("dot", "vdot") else a.shape[-1]))
+            integer = not a.dtype.is_floating_point and self.products[-1][2] >= self.min_int
         out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+        for t in outs:
+            if t.is_floating_point():
                 self.largest = max(self.largest, t.numel())
+        if integer or any(self.feeds(t) for t in tree_leaves((args, kwargs or {}))):
+            for t in outs:
+                self._mark(t)
+            if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor):
+                self._mark(args[0])
         return out
 
 
@@ -133,7 +157,7 @@ def check_llm_int8(fn) -> CheckResult:
     for name, x, weight, threshold in _llm_int8_cases(torch.Generator().manual_seed(7)):
         expected, parts = llm_int8_matmul(x, weight, threshold)
         n_out = int(parts["columns"].sum())
-        products = _Products()
+        products = _Products(min_int=x.shape[1] - n_out)
         with products:
             got = _forbid(g, llm_int8, fn, (x.clone(), weight.clone(), threshold), name)
         floats = [p for p in products.products if p[1].is_floating_point and p[2] > n_out]
@@ -150,8 +174,13 @@ def check_llm_int8(fn) -> CheckResult:
             f"a float tensor of {products.largest} elements was made (the inputs and output hold at most {limit}): "
             "a product summed by hand is a float product too",
         )
-        ints = [p for p in products.products if not p[1].is_floating_point and p[2] == x.shape[1] - n_out]
+        ints = [p for p in products.products if not p[1].is_floating_point and p[2] >= x.shape[1] - n_out]
         g.expect(f"{name}: an integer product", bool(ints), "no integer matrix product of the ordinary columns ran")
+        g.expect(
+            f"{name}: the integer product feeds the output",
+            products.feeds(got),
+            "the output was not computed from the integer product: scale its int32 result into y",
+        )
         if isinstance(got, torch.Tensor) and got.shape == expected.shape:
             error = float((got.float() - expected).norm() / expected.norm())
             g.expect(f"{name}: the value", error < 1e-5, f"relative difference {error:.2e} from the reference")
