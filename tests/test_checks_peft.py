@@ -103,3 +103,13 @@ def test_prefix_break_even_grader():
     assert not check_prefix_break_even(  # only the key of each virtual token counted
         lambda r, d_model, n_kv_heads, head_dim: 2 * break_even(r, d_model, n_kv_heads, head_dim)
     )
+
+
+def test_prefix_break_even_grader_needs_a_fraction():
+    assert break_even(3, 64, 2, 8) == 19.5  # the grader's fractional case
+    assert not check_prefix_break_even(  # floor division: whole answers only
+        lambda r, d_model, n_kv_heads, head_dim: (
+            r * (3 * d_model + n_kv_heads * head_dim) // (2 * n_kv_heads * head_dim)
+        )
+    )
+    assert not check_prefix_break_even(lambda *args: round(break_even(*args)))

@@ -146,3 +146,43 @@ def test_step_cost_counts_what_trains_and_needs_two_steps():
     assert cost["step_range"][0] <= cost["step_s"] <= cost["step_range"][1] and cost["file_bytes"] > 40
     with pytest.raises(ValueError, match="at least 2"):
         step_cost(Tiny(), base_total=50, batch=batch, steps=1)
+
+
+def test_the_t_quantile_matches_the_tables():
+    for df, t in [(1, 12.7062), (2, 4.3027), (10, 2.2281), (1e6, 1.9600)]:
+        assert study_report.t_quantile(0.975, df) == pytest.approx(t, abs=1e-3)
+    with pytest.raises(ValueError, match="df >= 1"):
+        study_report.t_quantile(0.975, 0.5)
+
+
+def test_a_gap_carried_by_three_seeds_needs_the_t_quantile_at_welch_df_not_two_standard_errors():
+    n = 400  # A's three seeds score 60, 70, 80%; B is 50% on every seed
+    a = _row(["1" * x + "0" * (n - x) for x in (240, 280, 320)])
+    b = _row(["1" * 200 + "0" * 200] * 3)
+    c = study_report.compare(a, b)
+    v_seeds, v_snippets = a["std"] ** 2 / 3, c["se_snippets"] ** 2
+    assert c["df"] == pytest.approx((v_seeds + v_snippets) ** 2 / (v_seeds**2 / 2 + v_snippets**2 / (n - 1)))
+    assert 2 < c["df"] < 3 and c["t_crit"] == pytest.approx(study_report.t_quantile(0.975, c["df"]))
+    assert c["ratio"] > 3 and not c["resolved"]  # over 3 SE, resolved by the old fixed 2-SE rule; not at df ~ 2.4
+    # the same gap from snippets alone (every seed agrees) has df n - 1 and a critical value near 1.96
+    a1 = _row(["1" * 50 + "1" * 8 + "0" * 2 + "0" * 40] * 3)
+    b1 = _row(["1" * 50 + "0" * 8 + "1" * 2 + "0" * 40] * 3)
+    c1 = study_report.compare(a1, b1)
+    assert c1["df"] == pytest.approx(99) and c1["t_crit"] == pytest.approx(1.984, abs=1e-3)
+    assert c1["resolved"] == (abs(c1["ratio"]) >= c1["t_crit"])
+
+
+def test_the_sweep_lines_mark_a_tie_and_a_choice_at_the_edge_of_the_grid():
+    study_ = {
+        "methods": {
+            "flat": {"rates": [1e-3, 3e-3], "dev": {"0.001": 0.6, "0.003": 0.6}, "lr": 1e-3},
+            "rising": {"rates": [1e-3, 3e-3, 1e-2], "dev": {"0.001": 0.6, "0.003": 0.7, "0.01": 0.8}, "lr": 1e-2},
+            "inside": {"rates": [1e-3, 3e-3, 1e-2], "dev": {"0.001": 0.6, "0.003": 0.8, "0.01": 0.7}, "lr": 3e-3},
+            "borrowed": {"same_rate_as": "inside", "lr": 3e-3},
+        }
+    }
+    lines = study_report.sweeps(study_).splitlines()[1:]
+    assert "tie" in lines[0] and "[0.001 60.0%]" in lines[0]
+    assert "edge: the top of the grid" in lines[1] and "[0.01 80.0%]" in lines[1]
+    assert "tie" not in lines[2] and "edge" not in lines[2]
+    assert "the rate of inside" in lines[3]

@@ -117,7 +117,7 @@ def check_prefix_break_even(fn) -> CheckResult:
     from llmedu.models import CausalLM, TransformerConfig
 
     g = Grader("check_prefix_break_even")
-    for r, d_model, n_heads, n_kv_heads in [(8, 64, 4, 4), (4, 64, 8, 2), (2, 96, 6, 1)]:
+    for r, d_model, n_heads, n_kv_heads in [(8, 64, 4, 4), (4, 64, 8, 2), (2, 96, 6, 1), (3, 64, 8, 2)]:  # 19.5
         config = TransformerConfig.llama(
             vocab_size=32, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=2, d_ff=32
         )
