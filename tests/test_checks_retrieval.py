@@ -1,4 +1,4 @@
-"""The lesson-21 graders pass a correct answer and fail the mistakes a learner is likely to make."""
+"""Lesson 24's graders pass a correct answer and fail the mistakes a learner is likely to make."""
 
 import torch
 
@@ -21,7 +21,10 @@ def test_knn_interpolation_grader():
 
 
 def test_ivf_search_cost_grader():
-    assert check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + nprobe * n / nlist * d)
-    assert check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + nprobe * (n // nlist) * d)  # equal lists
-    assert not check_ivf_search_cost(lambda n, d, nlist, nprobe: nprobe * n / nlist * d)  # forgets the coarse search
-    assert not check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + n / nlist * d)  # one list only
+    def right(n, d, nlist, nprobe):
+        return nlist * d + nprobe * n / nlist * d
+
+    assert check_ivf_search_cost(right, best_nlist=4096)
+    assert check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + nprobe * (n // nlist) * d, best_nlist=4096)
+    assert not check_ivf_search_cost(lambda n, d, nlist, nprobe: nprobe * n / nlist * d, 4096)  # no coarse search
+    assert not check_ivf_search_cost(lambda n, d, nlist, nprobe: nlist * d + n / nlist * d, 4096)  # one list only

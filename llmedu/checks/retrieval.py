@@ -4,8 +4,10 @@ check_pq_code_bytes(fn)        fn(d, M, nbits) -> (bytes of one packed PQ code, 
                                float32 vector): Jegou et al. 2011
 check_knn_interpolation(fn)    fn(log_p_lm, log_p_knn, lam) -> log(lam p_kNN + (1 - lam) p_LM), kNN-LM's eq. 3
                                (Khandelwal et al. 2020), which must stay a distribution
-check_ivf_search_cost(fn)      fn(n, d, nlist, nprobe) -> multiply-adds per query of IVF-Flat, lists of equal
-                               size: the coarse search plus the probed lists
+check_ivf_search_cost(fn, best_nlist)
+                               fn(n, d, nlist, nprobe) -> multiply-adds per query of IVF-Flat, lists of equal
+                               size: the coarse search plus the probed lists; best_nlist: the nlist of 256, 1024,
+                               4096 that minimises it for n = 10^6, d = 128, nprobe = 16 (4096)
 """
 
 from __future__ import annotations
@@ -47,8 +49,14 @@ def check_knn_interpolation(fn) -> CheckResult:
     return g.result()
 
 
-def check_ivf_search_cost(fn) -> CheckResult:
-    """nlist * d (distances to every centroid) + nprobe * (n / nlist) * d (the vectors of the probed lists)."""
+CHOICE = {"n": 10**6, "d": 128, "nprobe": 16}  # exercise 3's choice: nlist of 256, 1024 or 4096
+NLIST_OPTIONS = (256, 1024, 4096)
+
+
+def check_ivf_search_cost(fn, best_nlist=None) -> CheckResult:
+    """nlist * d (distances to every centroid) + nprobe * (n / nlist) * d (the vectors of the probed lists);
+    then ``best_nlist``, the learner's choice for ``CHOICE``, must be the one their own formula makes cheapest
+    and the right one (4096: about 1.02 M multiply-adds against 2.13 M at 1024 and 8.03 M at 256)."""
     g = Grader("check_ivf_search_cost")
     for n, d, nlist, nprobe in [
         (102_400, 64, 256, 8),  # every n divisible by nlist: the exercise's lists of equal size
@@ -59,4 +67,19 @@ def check_ivf_search_cost(fn) -> CheckResult:
         expected = nlist * d + nprobe * (n / nlist) * d
         got = g.call(fn, n, d, nlist, nprobe)
         g.compare(f"n={n}, d={d}, nlist={nlist}, nprobe={nprobe}", got, float(expected), rtol=1e-9)
+    costs = {nlist: g.call(fn, CHOICE["n"], CHOICE["d"], nlist, CHOICE["nprobe"]) for nlist in NLIST_OPTIONS}
+    if g.failure is None:
+        right = min(
+            NLIST_OPTIONS, key=lambda nlist: nlist * CHOICE["d"] + CHOICE["nprobe"] * CHOICE["n"] / nlist * CHOICE["d"]
+        )
+        g.expect(
+            f"best_nlist for n=10**6, d=128, nprobe=16: choose one of {NLIST_OPTIONS}",
+            best_nlist in NLIST_OPTIONS,
+            f"got {best_nlist!r}; set BEST_NLIST to the nlist your formula makes cheapest",
+        )
+        g.expect(
+            "best_nlist is the nlist your formula makes cheapest",
+            best_nlist == min(costs, key=costs.get) == right,
+            f"got {best_nlist}; your costs: " + ", ".join(f"nlist {k}: {float(v):.3g}" for k, v in costs.items()),
+        )
     return g.result()
