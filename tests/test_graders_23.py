@@ -3,6 +3,7 @@ gradient by finite differences, a high-temperature limit by extrapolating the lo
 bypass gives the right numbers (the tests check that too), so only the method check can fail it."""
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -264,3 +265,116 @@ def test_high_temperature_limit_passes_honest_forms_that_leave_torch_once():
         return (diff.var(-1, unbiased=False) / 2).mean()
 
     assert check_high_temperature_limit(by_variance)
+
+
+# -- routes round the method checks that a second version of the graders let through -------------------------------
+def _fd_numpy(s, t, h=1e-6):
+    """Central differences of the loss in numpy float64, one entry at a time: torch never sees the loss."""
+    s64, t64 = s.numpy().astype(np.float64), t.numpy().astype(np.float64)
+
+    def loss(x):
+        return (1 - (x * t64).sum(-1) / (np.linalg.norm(x, axis=-1) * np.linalg.norm(t64, axis=-1))).mean()
+
+    grad = np.zeros_like(s64)
+    for idx in np.ndindex(s64.shape):
+        step = np.zeros_like(s64)
+        step[idx] = h
+        grad[idx] = (loss(s64 + step) - loss(s64 - step)) / (2 * h)
+    return torch.from_numpy(grad).float()
+
+
+def _in_a_thread(work):
+    """``work``'s answer computed in another thread, where a torch function mode (thread-local) does not look."""
+
+    def answer(*args):
+        out = []
+        worker = threading.Thread(target=lambda: out.append(work(*args)))
+        worker.start()
+        worker.join()
+        return out[0]
+
+    return answer
+
+
+def _autograd(s, t):
+    with torch.enable_grad():
+        leaf = s.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(hidden_state_loss(leaf, t), leaf)
+    return grad
+
+
+def _assert_right_gradient_refused(bypass, reason):
+    for name, s, t in _cosine_cases(torch.Generator().manual_seed(2)):
+        assert torch.allclose(bypass(s, t), _autograd(s, t), atol=1e-6, rtol=1e-4), name
+    result = check_cosine_gradient(bypass)
+    assert not result and reason in str(result), result
+
+
+def test_cosine_gradient_fails_finite_differences_in_numpy():
+    _assert_right_gradient_refused(_fd_numpy, "took numbers out of torch")
+
+
+def test_cosine_gradient_fails_autograd_in_a_thread():
+    _assert_right_gradient_refused(_in_a_thread(_autograd), "starting a thread is refused")
+
+
+def test_high_temperature_limit_fails_the_loss_in_a_thread():
+    _assert_right_numbers_refused(_in_a_thread(_richardson_numpy), "starting a thread is refused")
+
+
+def _complex_exp(z):  # e^x = cos(ix) - i sin(ix)
+    iz = (1j * z).to(torch.complex128)
+    return (torch.cos(iz) - 1j * torch.sin(iz)).real
+
+
+def _complex_log(y):  # log y = 2 atanh(u), u = (y - 1) / (y + 1), and atanh(u) = -i atan(iu)
+    u = ((y - 1) / (y + 1)).to(torch.complex128)
+    return (-2j * torch.atan(1j * u)).real
+
+
+def _kl_by_partition_functions(s, t, T, exp, log):
+    """T^2 KL from the ratio of the two partition functions, which stays near 1 at large T."""
+    e_s, e_t = exp(s / T), exp(t / T)  # (B, C)
+    z_s, z_t = e_s.sum(-1, keepdim=True), e_t.sum(-1, keepdim=True)  # (B, 1)
+    return (T * T * (e_t / z_t * ((t - s) / T - log(z_t / z_s))).sum(-1)).mean()
+
+
+def _taylor_exp(u, terms=8):  # sum of u^k / k!: u = logit / T is of order 1e-3
+    out, term = torch.ones_like(u), torch.ones_like(u)
+    for k in range(1, terms):
+        term = term * u / k
+        out = out + term
+    return out
+
+
+def _taylor_log(r, terms=4):  # 2 atanh(v) = 2 (v + v^3/3 + ...), v = (r - 1) / (r + 1) of order 1e-3
+    v = (r - 1) / (r + 1)
+    out, power = torch.zeros_like(v), v
+    for k in range(1, 2 * terms, 2):
+        out = out + power / k
+        power = power * v * v
+    return 2 * out
+
+
+def _richardson_with(exp, log):
+    return _richardson(lambda s, t, T: _kl_by_partition_functions(s, t, T, exp, log))
+
+
+def test_high_temperature_limit_fails_exp_and_log_by_complex_numbers():
+    _assert_right_numbers_refused(_richardson_with(_complex_exp, _complex_log), "complex tensors")
+
+
+def test_high_temperature_limit_fails_exp_and_log_as_taylor_polynomials():
+    _assert_right_numbers_refused(_richardson_with(_taylor_exp, _taylor_log), "torch calls, more than 30")
+
+
+def test_high_temperature_limit_passes_a_long_hand_closed_form():
+    def long_hand(s, t):  # every step on its own line, as a learner may write it: still well under the cap
+        C = s.shape[-1]
+        s_centred = s - s.sum(-1, keepdim=True) / C
+        t_centred = t - t.sum(-1, keepdim=True) / C
+        diff = s_centred - t_centred  # (B, C)
+        per_row = (diff * diff).sum(-1) / (2 * C)  # (B,)
+        return float(per_row.sum() / per_row.shape[0])
+
+    assert check_high_temperature_limit(long_hand)

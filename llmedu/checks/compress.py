@@ -27,12 +27,9 @@ check_high_temperature_limit(fn)
 
 from __future__ import annotations
 
-import re
-import sys
-
 import torch
-from torch.overrides import TorchFunctionMode
 
+from llmedu.checks._watch import EXP_OR_LOG, Calls, math_recorded, no_threads
 from llmedu.checks.core import CheckResult, Grader
 from llmedu.compress.distillation import hidden_state_loss, soft_target_loss
 from llmedu.compress.pruning import nm_mask
@@ -152,66 +149,6 @@ def check_distillation_loss(fn) -> CheckResult:
     return g.result()
 
 
-# an exp or log by any name (exp2, logcumsumexp, xlogy, softplus, tanh, ELUs, scalar ** tensor; not expand, logical)
-_EXP_OR_LOG = re.compile(
-    r"exp(?!and)|log(?!ical)|soft|sigm|tanh|sinh|cosh|gamma|erf|entr|kl_div|entropy|nll|polar|"
-    r"bessel|^i[01]|^(s|c|ge|si)?elu$|mish|rpow"
-)
-# the ways a number leaves torch (to numpy, math or Python) where the grader cannot see what is done with it;
-# __float__ and item are allowed once, for the answer
-_LEAVING_TORCH = set(
-    "__array__ numpy tolist __int__ __index__ __complex__ __repr__ __str__ __format__ data_ptr storage "
-    "untyped_storage __reduce_ex__ __dlpack__".split()
-)
-_MATH_LIKE = ("exp", "expm1", "log", "log1p", "log2", "log10", "pow")
-
-
-class _Calls(TorchFunctionMode):
-    """The names of the torch functions and tensor methods called inside the ``with`` block (``raw``: with their
-    underscores, ``Tensor.__float__`` apart from ``Tensor.float``; one per call), the first argument of every
-    cosine similarity (where a loss was evaluated), the largest tensor made, and every power's exponent."""
-
-    def __init__(self):
-        super().__init__()
-        self.names: set[str] = set()
-        self.raw: list[str] = []
-        self.cosine_inputs: list = []
-        self.exponents: list = []
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        raw = getattr(func, "__name__", str(func))
-        name = raw.strip("_")
-        self.names.add(name)
-        self.raw.append(raw)
-        if name in ("cosine_similarity", "cosine_embedding_loss") and args:
-            self.cosine_inputs.append(args[0])
-        if name in ("pow", "float_power") and len(args) > 1:
-            self.exponents.append(args[1])
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor):
-            self.largest = max(self.largest, out.numel())
-        return out
-
-
-def _math_recorded(fn, used: list[str]):
-    """``fn`` with every call of math's exponentials and logarithms (on Python floats, which torch's mode does
-    not see) appended to ``used``."""
-
-    def watch(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__module__", None) in ("math", "cmath") and arg.__name__ in _MATH_LIKE:
-            used.append(f"math.{arg.__name__}")
-
-    def call(*args):
-        sys.setprofile(watch)
-        try:
-            return fn(*args)
-        finally:
-            sys.setprofile(None)
-
-    return call
-
-
 def _cosine_cases(gen: torch.Generator) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, student (B, T, d), teacher (B, T, d)) pairs on which the usual slips give other numbers."""
     cases = []
@@ -234,10 +171,18 @@ def _same_values(x, *refs: torch.Tensor) -> bool:
     )
 
 
-def _cosine_method(g: Grader, name: str, calls: _Calls, s: torch.Tensor, t: torch.Tensor) -> bool:
-    """The method checks of one call: no autograd, and every cosine taken at the given states."""
+def _cosine_method(g: Grader, name: str, calls: Calls, s: torch.Tensor, t: torch.Tensor) -> bool:
+    """The method checks of one call: no autograd, no numbers out of torch, every cosine at the given states."""
     used = sorted(calls.names & {"backward", "grad", "requires_grad", "enable_grad", "set_grad_enabled"})
     if not g.expect(f"{name}: by the derivation", not used, f"your function used autograd ({used}): derive it by hand"):
+        return False
+    left = calls.leaving_torch()
+    if not g.expect(
+        f"{name}: computed in torch",
+        not left,
+        f"your function took numbers out of torch ({left}), where the grader cannot see a finite difference: "
+        "derive the gradient and write it with torch operations",
+    ):
         return False
     moved = [x for x in calls.cosine_inputs if not _same_values(x, s, t)]
     return g.expect(
@@ -250,15 +195,15 @@ def _cosine_method(g: Grader, name: str, calls: _Calls, s: torch.Tensor, t: torc
 
 def check_cosine_gradient(fn) -> CheckResult:
     """The gradient against autograd's through ``hidden_state_loss``. The method: no autograd, no cosine or loss
-    evaluated away from the given states, no more torch calls at d = 64 than at d = 4 (a finite difference,
+    evaluated away from the given states, no numbers out of torch, no thread started, no more torch calls at d = 64 than at d = 4 (a finite difference,
     one evaluation per coordinate, makes 16 times as many), and no tensor at d = 64 over 4 times the inputs' size
     (a finite difference of all coordinates at once, s ± h·eye(d), makes a (B, T, d, d) one)."""
     g = Grader("check_cosine_gradient")
     for name, s, t in _cosine_cases(torch.Generator().manual_seed(2)):
         leaf = s.clone().requires_grad_()
         (expected,) = torch.autograd.grad(hidden_state_loss(leaf, t), leaf)
-        calls = _Calls()
-        with torch.no_grad(), calls:
+        calls = Calls()
+        with torch.no_grad(), no_threads(), calls:
             got = g.call(fn, s.clone(), t.clone())
         if not _cosine_method(g, name, calls, s, t):
             break
@@ -269,8 +214,8 @@ def check_cosine_gradient(fn) -> CheckResult:
     counts = {}
     for d in (4, 64):
         s, t = torch.randn(2, 3, d, generator=gen), torch.randn(2, 3, d, generator=gen)
-        calls = _Calls()
-        with torch.no_grad(), calls:
+        calls = Calls()
+        with torch.no_grad(), no_threads(), calls:
             g.call(fn, s, t)
         counts[d] = len(calls.raw)
     g.expect(
@@ -311,10 +256,17 @@ def high_temperature_limit(student_logits: torch.Tensor, teacher_logits: torch.T
     return (s - t).pow(2).sum(-1).mean() / (2 * student_logits.shape[-1])
 
 
+MAX_LIMIT_CALLS = (
+    30  # torch calls: the closed form takes 6-12; the loss by Taylor polynomials, extrapolated, 50 and more
+)
+
+
 def check_high_temperature_limit(fn) -> CheckResult:
     """The value against the closed form, in torch from the logits alone: no exponential or logarithm under any
-    name (``_EXP_OR_LOG``, math's, a power above 4) and one number at most out of torch, where the grader cannot
-    see (the loss at large T, extrapolated, is close by another road). A Taylor series of products would pass."""
+    name (``EXP_OR_LOG``, math's, a power above 4), no complex tensor (e^x is cos(ix) - i sin(ix)), at most
+    ``MAX_LIMIT_CALLS`` torch calls (an exponential and logarithm written as polynomials take many more), no
+    thread started, and one number at most out of torch, where the grader cannot see (the loss at large T,
+    extrapolated, is close by another road)."""
     g = Grader("check_high_temperature_limit")
     gen = torch.Generator().manual_seed(3)
     cases = []
@@ -326,24 +278,33 @@ def check_high_temperature_limit(fn) -> CheckResult:
         t = torch.randn(s.shape, generator=gen, dtype=torch.float64) * 2
         if "shifted" in name:
             t = s + 0.3 * torch.randn(s.shape, generator=gen, dtype=torch.float64) + torch.arange(4.0)[:, None] * 5
-        calls, math_used = _Calls(), []
-        with calls:
-            got = g.call(_math_recorded(fn, math_used), s.clone(), t.clone())
-        used = sorted({n for n in calls.names if _EXP_OR_LOG.search(n)} | set(math_used))
+        calls, math_used = Calls(), []
+        with no_threads(), calls:
+            got = g.call(math_recorded(fn, math_used), s.clone(), t.clone())
+        used = sorted({n for n in calls.names if EXP_OR_LOG.search(n)} | set(math_used))
         used += [f"pow(..., {e!r})" for e in calls.exponents if not (isinstance(e, (int, float)) and abs(e) <= 4)]
-        left = sorted(set(calls.raw) & _LEAVING_TORCH)
-        scalars = sum(r in ("item", "__float__") for r in calls.raw)
-        left += [f"{scalars} .item() or float() calls"] if scalars > 1 else []
-        if not g.expect(
-            f"{name}: computed from the logits alone",
-            not used,
-            f"your function called {used}: an exponential or logarithm under another name (or a large power) "
-            "evaluates the loss; derive the limit, which needs only sums, differences and squares",
-        ) or not g.expect(
-            f"{name}: computed in torch",
-            not left,
-            f"your function took numbers out of torch ({left}): work on the tensors with torch operations "
-            "(one .item() of the answer is fine)",
+        used += ["complex tensors"] if calls.complex else []
+        left = calls.leaving_torch()
+        if (
+            not g.expect(
+                f"{name}: computed from the logits alone",
+                not used,
+                f"your function called {used}: an exponential or logarithm under another name (or a large power, or "
+                "complex numbers) evaluates the loss; derive the limit, which needs only sums, differences and squares",
+            )
+            or not g.expect(
+                f"{name}: computed in torch",
+                not left,
+                f"your function took numbers out of torch ({left}): work on the tensors with torch operations "
+                "(one .item() of the answer is fine)",
+            )
+            or not g.expect(
+                f"{name}: a closed form",
+                len(calls.raw) <= MAX_LIMIT_CALLS,
+                f"your function made {len(calls.raw)} torch calls, more than {MAX_LIMIT_CALLS}: the limit takes about "
+                "10 (sums, differences and squares); an exponential or logarithm written as a polynomial evaluates "
+                "the loss",
+            )
         ):
             break
         g.compare(name, got, high_temperature_limit(s, t).item(), rtol=1e-6, atol=1e-9)  # a 0-d tensor or a float
