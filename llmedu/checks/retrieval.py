@@ -2,6 +2,10 @@
 
 check_pq_code_bytes(fn)        fn(d, M, nbits) -> (bytes of one packed PQ code, compression ratio against the
                                float32 vector): Jegou et al. 2011
+check_pq_index_bytes(fn, best_m)
+                               fn(n, M, nbits) -> bytes of an IVF-PQ index's codes and ids, each code packed into
+                               whole bytes as FAISS's code_size, each id 8 bytes; best_m: the largest M of
+                               M_OPTIONS at 8 bits whose index of 10^9 vectors fits in 64 GB (48)
 check_knn_interpolation(fn)    fn(log_p_lm, log_p_knn, lam) -> log(lam p_kNN + (1 - lam) p_LM), kNN-LM's eq. 3
                                (Khandelwal et al. 2020), which must stay a distribution
 check_ivf_search_cost(fn, best_nlist)
@@ -18,7 +22,7 @@ from llmedu.checks.core import CheckResult, Grader
 from llmedu.retrieval.knn_lm import interpolate
 from llmedu.retrieval.pq import ProductQuantizer
 
-__all__ = ["check_pq_code_bytes", "check_knn_interpolation", "check_ivf_search_cost"]
+__all__ = ["check_pq_code_bytes", "check_pq_index_bytes", "check_knn_interpolation", "check_ivf_search_cost"]
 
 
 def check_pq_code_bytes(fn) -> CheckResult:
@@ -28,6 +32,32 @@ def check_pq_code_bytes(fn) -> CheckResult:
         code = ProductQuantizer(d, M, nbits).code_bytes()
         got = g.call(fn, d, M, nbits)
         g.compare(f"d={d}, M={M}, nbits={nbits}: (bytes, ratio)", got, (float(code), 4.0 * d / code), rtol=1e-9)
+    return g.result()
+
+
+ID_BYTES = 8  # FAISS keeps each vector's id as an int64 beside its code
+BUDGET = {"n": 10**9, "nbits": 8, "bytes": 64e9}  # exercise 1's choice: the largest M that fits
+M_OPTIONS = (32, 48, 64, 96)
+
+
+def check_pq_index_bytes(fn, best_m=None) -> CheckResult:
+    """n * (ceil(M * nbits / 8) + 8): the packed codes (``ProductQuantizer.code_bytes``, FAISS's code_size) and
+    the ids; cases whose codes are not whole bytes fail M * nbits / 8. Then ``best_m`` must be the largest M of
+    ``M_OPTIONS`` whose index fits ``BUDGET`` by the learner's own formula, and the right one."""
+    g = Grader("check_pq_index_bytes")
+    for n, d, M, nbits in [(1000, 64, 8, 8), (10**6, 128, 16, 8), (10**6, 40, 5, 6), (100, 96, 12, 6), (7, 30, 3, 5)]:
+        expected = n * (ProductQuantizer(d, M, nbits).code_bytes() + ID_BYTES)
+        got = g.call(fn, n, M, nbits)
+        g.compare(f"n={n}, M={M}, nbits={nbits}: bytes of codes and ids", got, float(expected), rtol=1e-9)
+    if g.failure is None:
+        sizes = {M: g.call(fn, BUDGET["n"], M, BUDGET["nbits"]) for M in M_OPTIONS}
+        fits = [M for M in M_OPTIONS if sizes[M] <= BUDGET["bytes"]]
+        g.expect(
+            f"best_m: the largest M of {M_OPTIONS} whose index of 10**9 vectors at 8 bits fits in 64 GB",
+            bool(best_m in M_OPTIONS and fits and best_m == max(fits)),
+            f"got {best_m!r}; by your formula: "
+            + ", ".join(f"M {M}: {float(v) / 1e9:.0f} GB" for M, v in sizes.items()),
+        )
     return g.result()
 
 
