@@ -19,11 +19,12 @@ from __future__ import annotations
 import _thread
 import contextlib
 import re
-import sys
 import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from llmedu.checks.core import profiled
 
 # an exp or log by any name (exp2, logcumsumexp, xlogy, softplus, tanh, ELUs, scalar ** tensor; not expand, logical)
 EXP_OR_LOG = re.compile(
@@ -85,14 +86,7 @@ def math_recorded(fn, used: list[str]):
         if event == "c_call" and getattr(arg, "__module__", None) in ("math", "cmath") and arg.__name__ in MATH_LIKE:
             used.append(f"math.{arg.__name__}")
 
-    def call(*args):
-        sys.setprofile(watch)
-        try:
-            return fn(*args)
-        finally:
-            sys.setprofile(None)
-
-    return call
+    return profiled(fn, watch)
 
 
 THREAD_REFUSED = (

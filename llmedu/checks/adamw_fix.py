@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import sys
 from pathlib import Path
 
 import torch
 
 from llmedu.checks import optim as optim_checks
-from llmedu.checks.core import CheckResult, Grader
+from llmedu.checks.core import CheckResult, Grader, profiled
 from llmedu.optim.adamw import AdamW, adamw_update_
 
 __all__ = ["check_adamw_fix"]
@@ -41,14 +40,7 @@ def _library_calls(fn, called: list[str]):
         elif event == "c_call" and "adam" in getattr(arg, "__name__", "").lower():
             called.append(f"torch.{arg.__name__}")
 
-    def call(*args):
-        sys.setprofile(watch)
-        try:
-            return fn(*args)
-        finally:
-            sys.setprofile(None)
-
-    return call
+    return profiled(fn, watch)
 
 
 def check_adamw_fix(fn) -> CheckResult:

@@ -202,3 +202,17 @@ def call_watching(g: Grader, fn, args: tuple, folder: Path, exempt: Callable = l
     finally:
         sys.setprofile(None)
     return got, (called[0] if called else None)
+
+
+def profiled(fn, watch: Callable):
+    """``fn`` run with ``watch`` as this thread's profile function (``sys.setprofile``), switched off after:
+    how a grader sees the calls an answer makes, C functions included."""
+
+    def call(*args):
+        sys.setprofile(watch)
+        try:
+            return fn(*args)
+        finally:
+            sys.setprofile(None)
+
+    return call

@@ -29,14 +29,13 @@ fails with a message that says so.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from llmedu.checks.adamw_fix import check_adamw_fix
-from llmedu.checks.core import CheckResult, Grader
+from llmedu.checks.core import CheckResult, Grader, profiled
 from llmedu.optim.eight_bit import AdamW8bit, state_bytes
 from llmedu.train.accumulation import stall_point
 from llmedu.train.fp8 import FORMATS, cast_to_fp8
@@ -310,14 +309,7 @@ def _numpy_recorded(fn, ops: list[str]):
             if (owner or "").startswith("numpy"):
                 ops.append("numpy." + getattr(arg, "__name__", "?"))
 
-    def call(*args):
-        sys.setprofile(watch)
-        try:
-            return fn(*args)
-        finally:
-            sys.setprofile(None)
-
-    return call
+    return profiled(fn, watch)
 
 
 def check_fp8_underflow(fn) -> CheckResult:
