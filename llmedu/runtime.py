@@ -41,6 +41,7 @@ __all__ = [
     "mode_banner",
     "machine",
     "git_commit",
+    "shown_command",
     "cpu_model",
     "device",
     "autocast_dtype",
@@ -93,6 +94,12 @@ def git_commit() -> str:
         return head + (" (llmedu/ modified)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
+
+
+def shown_command(command: str) -> str:
+    """A recorded study's command as a reader sees it: each absolute path cut to its file name, since it names a
+    folder of the machine that recorded it (``--out /home/me/run.json`` -> ``--out run.json``)."""
+    return " ".join(os.path.basename(word) if word.startswith("/") else word for word in command.split(" "))
 
 
 def machine() -> str:

@@ -144,3 +144,9 @@ def test_show_prints_source(capsys):
 def test_show_refuses_objects_without_source():
     with pytest.raises(TypeError, match="cannot show"):
         llmedu.show(42)
+
+
+def test_a_shown_command_names_files_not_the_recording_machines_folders():
+    recorded = "python -m llmedu.peft.study run --methods 'prefix tuning' --out /work/notes/peft/partA.json ; x --out data/r.json"
+    shown = runtime.shown_command(recorded)
+    assert shown == "python -m llmedu.peft.study run --methods 'prefix tuning' --out partA.json ; x --out data/r.json"

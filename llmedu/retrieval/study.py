@@ -220,7 +220,7 @@ def study_report(study: dict) -> str:
     out = []
     p = study["provenance"][0]
     out.append(
-        f"recorded: {p['command']} | {p['date']} | {p['machine']} | {p['threads']} thread(s) | {p['wall_seconds']:.0f} s"
+        f"recorded: {runtime.shown_command(p['command'])} | {p['date']} | {p['machine']} | {p['threads']} thread(s) | {p['wall_seconds']:.0f} s"
     )
     m_s, text = study["config"]["m"], study["text"]
     for name, t in study["training"].items():
