@@ -6,6 +6,8 @@
 import math
 import statistics
 
+import pytest
+
 from llmedu.checks.cramming import check_dev_protocol, check_gap_curve, check_passes_over_data
 from llmedu.cramming.evaluate import summarize
 from llmedu.cramming.recipe import parse_budget
@@ -134,6 +136,7 @@ def test_check_gap_curve(capsys):
     assert capsys.readouterr().out.count("FAIL") == len(wrong)
 
 
+@pytest.mark.alone  # a wall-clock bound
 def test_the_new_graders_are_fast():
     import time
 

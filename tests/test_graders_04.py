@@ -5,6 +5,7 @@ early) fail."""
 import math
 import time
 
+import pytest
 import torch
 
 from llmedu.checks.attention_variants import TIME_LIMIT_S, check_decode_batch, check_window_mask, decode_speedup
@@ -124,6 +125,7 @@ def test_capped_search_fails_on_the_billion_case(capsys):
     assert "case 6 of the check" in out and "got None, but batch 1,333,333,334" in out and "cap" in out
 
 
+@pytest.mark.alone  # a wall-clock bound
 def test_search_one_batch_at_a_time_runs_out_of_time(capsys):
     # uncapped, the same search would need hours; the grader stops it at its time limit, even inside an answer
     # that catches every Exception in its loop

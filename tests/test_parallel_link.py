@@ -87,6 +87,7 @@ def _timed_ops() -> dict:
     return out
 
 
+@pytest.mark.alone  # times sends against the link model
 def test_link_timing_and_ddp_equality():
     results = launch(_timed_ops, 2)
     per_op = 2 * (ALPHA + 2000 / BETA)  # all-reduce of 4,000 bytes on 2 ranks: 2 messages of 2,000 bytes

@@ -51,6 +51,7 @@ def _free_overlap_blocking():
     return runs | {"free": time_steps("gpipe", M, T_F, REPEATS)}
 
 
+@pytest.mark.alone  # times the schedule against the link model
 def test_sends_over_a_link_cost_what_the_model_says_and_no_receive_is_posted_late():
     """p=4, where a receive posted late shows: GPipe's backward has rank s send the gradient of B_i as rank
     s+1 sends that of B_(i+1); a Mailbox that posted that receive only with its send (ties broken the lower

@@ -61,6 +61,7 @@ def test_a_speed_above_the_cores_share_is_the_share_within_its_noise_and_refused
         sharing_from(4, 0.4, 0.0005, 0.001, cores=0)
 
 
+@pytest.mark.alone  # the probe times two ranks sharing the cores, so nothing else may share them
 def test_the_real_probe_on_two_ranks_reads_a_speed_within_the_cores_share():
     """The probe on 2 real processes of one thread with the cores' bound: it runs, and its speed is a share."""
     s = measure_sharing(CFG, 2, LINK, repeats=3, steps=2, rounds=5, cores=2)
