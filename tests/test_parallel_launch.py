@@ -16,19 +16,23 @@ import textwrap
 import time
 from pathlib import Path
 
+import cloudpickle
 import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
 from llmedu.parallel import WorkerError, launch
+from llmedu.parallel.fork_server import ForkServer, server_pid
 from llmedu.parallel.launch import default_backend
 
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     yield
-    left = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    server = server_pid()  # the launcher's fork server outlives a launch by design; its ranks must not
+    family = psutil.Process().children(recursive=True)
+    left = [p for p in family if p.status() != psutil.STATUS_ZOMBIE and p.pid != server]
     assert not left, f"processes left running: {left}"
 
 
@@ -275,20 +279,67 @@ def test_ranks_die_with_their_launcher_and_the_next_launch_removes_its_folder(tm
 
 
 @pytest.mark.timeout(60)
-def test_without_prctl_a_rank_exits_when_its_stdin_ends():
-    # the portable fallback of exit_with_parent: the launcher holds the only write end of stdin
-    code = (
-        "import threading, time\n"
-        "from llmedu.parallel.processes import _exit_at_end_of_stdin\n"
-        "threading.Thread(target=_exit_at_end_of_stdin, daemon=True).start()\n"
+def test_without_prctl_a_rank_exits_when_its_parent_is_gone(tmp_path):
+    # the portable fallback of exit_with_parent: a thread notices that the rank was re-parented
+    child_code = (
+        "import sys, threading, time\n"
+        "from llmedu.parallel.processes import _exit_when_orphaned\n"
+        "threading.Thread(target=_exit_when_orphaned, args=(int(sys.argv[1]), 0.05), daemon=True).start()\n"
         "print('ready', flush=True)\n"
         "time.sleep(1e6)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert child.stdout.readline() == b"ready\n"
-    child.stdin.close()  # what the kernel does when the launcher dies
-    assert child.wait(timeout=10) == 1
-    child.stdout.close()
+    parent_code = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", {child_code!r}, str(os.getpid())], stdout=subprocess.PIPE)
+        assert child.stdout.readline() == b"ready\\n"
+        open({str(tmp_path / "child")!r}, "w").write(str(child.pid))
+        time.sleep(1e6)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    while not (tmp_path / "child").exists():
+        time.sleep(0.05)
+    child = psutil.Process(int((tmp_path / "child").read_text()))
+    parent.kill()  # the child is re-parented; nobody will ever read its result
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "an orphaned rank kept running"
+
+
+@pytest.mark.timeout(90)
+def test_a_fork_server_killed_mid_launch_takes_its_ranks_and_the_next_launch_starts_another():
+    def worker():
+        if dist.get_rank() == 0:
+            os.kill(os.getppid(), signal.SIGKILL)  # the fork server, as the out-of-memory killer would pick it
+        time.sleep(1e6)
+
+    with pytest.raises(WorkerError, match=r"rank \d died, killed by signal 9"):
+        launch(worker, 2, echo=False)
+    assert launch(lambda: dist.get_rank(), 2, echo=False) == [0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_cannot_start_says_why(tmp_path):
+    (tmp_path / "torch.py").write_text("raise ImportError('this torch is broken')\n")
+    server = ForkServer([str(tmp_path), *sys.path], dict(os.environ))
+    with pytest.raises(RuntimeError, match="(?s)fork server .* exited with code 1: .*this torch is broken"):
+        server.start(0, tmp_path, {}, sys.path)
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_whose_stdin_ends_stops_its_ranks_and_exits(tmp_path):
+    server = ForkServer(sys.path, dict(os.environ))
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    (tmp_path / "job.pkl").write_bytes(cloudpickle.dumps((time.sleep, (1e6,), {})))
+    # rank 0 of 2: it waits at the start-up barrier for a rank 1 that never comes
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+           "LLMEDU_BACKEND": "gloo", "LLMEDU_TIMEOUT": "30", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    rank = psutil.Process(server.start(0, tmp_path, env, sys.path).pid)
+    store.wait(["llmedu/started/0"])
+    server.process.stdin.close()  # what the kernel does when the launcher dies
+    assert server.process.wait(timeout=20) == 0
+    assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.mark.slow

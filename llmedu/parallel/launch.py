@@ -6,15 +6,16 @@ stand in the way, and this file is how they are solved:
 
 * A function **defined in a notebook cell** cannot be pickled by reference: ``spawn`` looks it
   up by name in ``__main__`` and the kernel's ``__main__`` is not a file. We serialise the
-  function *by value* with ``cloudpickle`` and start fresh interpreters that read it.
+  function *by value* with ``cloudpickle``, for the ranks to read.
 * ``fork`` would avoid pickling, but a child forked from a process whose OpenMP/CUDA threads are
-  running can deadlock. Fresh interpreters have no such state; we never fork a live PyTorch.
-  Each runs ``launch_rank.main`` from a script in the launcher's private job folder, with the parent's
-  import path less the working folder: ``python -c`` would put the working folder first, and a
-  ``cloudpickle.py`` (or ``torch.py``) lying there would run in every rank. A worker from a module
-  in the working folder (a notebook's helper file) travels by value instead.
+  running can deadlock; a fresh interpreter per rank costs PyTorch's import, seconds, in every rank of every
+  launch. So each launcher keeps a **fork server** (``fork_server.py``): a fresh interpreter that imports
+  PyTorch once and never runs it, and forks a copy of itself for each rank. We never fork a live PyTorch.
+  The ranks get the parent's import path less the working folder: a ``cloudpickle.py`` (or ``torch.py``)
+  lying there must not run in every rank. A worker from a module in the working folder (a notebook's
+  helper file) travels by value instead.
 
-Each child gets the environment ``torchrun`` would give it (``RANK``, ``WORLD_SIZE``,
+Each rank gets the environment ``torchrun`` would give it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the group with ``env://``, so the
 worker cannot tell the two launchers apart. As torchrun's agent does, the launcher itself hosts
 the rendezvous store on a port the OS picks while binding it, so two launches never race for a
@@ -49,12 +50,10 @@ raises ``WorkerError``, which names the rank to blame):
   with their stacks. A rank stalled while every peer is busy elsewhere can only be caught by
   ``deadline``: seconds, counted once every rank has started, after which ``launch`` stops every
   rank and names those still running. It is off by default, as a training run may rightly take days.
-* The **launcher dies** (a restarted kernel): its ranks die with it, and its temporary folder
-  is removed by the next launch (``processes.py``).
-
-* A rank **never starts**: importing PyTorch and the worker's modules on a busy machine may take a
-  while, so start-up does not count against ``timeout``; it has its own bound, ``startup`` (default
-  300 s), after which the ranks that have not reached the start-up barrier are named, with their
+* The **launcher dies** (a restarted kernel): its fork server and ranks die with it, and its temporary
+  folder is removed by the next launch (``processes.py``).
+* A rank **never starts**: importing the worker's modules on a busy machine may take a while, so
+  start-up does not count against ``timeout``; it has its own bound, ``startup`` (default 300 s), after which the ranks that have not reached the start-up barrier are named, with their
   stacks (a deadlocked import, a worker module that blocks at import time). A rank that dies
   meanwhile is noticed at once.
 
@@ -65,7 +64,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -76,6 +74,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from .fork_server import Rank, fork_server
 from .launch_rank import EVERYONE_STARTED, STARTED, bind_gpu, join_group
 from .processes import (
     Relay,
@@ -179,38 +178,25 @@ def _run_in_this_process(worker, world_size, args, kwargs, backend, timeout) -> 
             dist.destroy_process_group()
 
 
-# -- from a notebook: start fresh interpreters -------------------------------------------------
+# -- from a notebook: fork the ranks from a clean interpreter -------------------------------------------------
 def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, deadline, startup, echo) -> list[Any]:
     folder = job_folder()
     # the rendezvous point, hosted here as torchrun's agent hosts it: binding port 0 lets the OS
     # pick a free port and hold it for us, where "find a free port, let rank 0 bind it later"
     # races with every other program on the machine that opens a socket meanwhile
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    procs: list[subprocess.Popen] = []
+    procs: list[Rank] = []
     try:
         path, left_out = _import_path()
         (folder / "job.pkl").write_bytes(_dumps((worker, args, kwargs), left_out))
         env = _child_environment(world_size, backend, timeout, store.port, path)
-        # a script in our private folder, not `python -c`: that would put the working folder first on the
-        # ranks' import path, and a cloudpickle.py (or torch.py...) lying there would run in every rank
-        (folder / "rank.py").write_text("from llmedu.parallel.launch_rank import main\nmain()\n")
+        server = fork_server(path, dict(os.environ))  # PyTorch imported once, forked for each rank
         for rank in range(world_size):
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(folder / "rank.py"), str(folder)],
-                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    stdin=subprocess.PIPE,  # never written: its end of file tells the rank we died
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            procs.append(server.start(rank, folder, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, path))
         _watch(procs, folder, echo, deadline, timeout, store, startup)
         return [cloudpickle.loads((folder / f"result{rank}.pkl").read_bytes()) for rank in range(world_size)]
     finally:
         stop(procs)
-        for p in procs:
-            p.stdin.close()
-            p.stdout.close()
         del store
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -247,8 +233,6 @@ def _child_environment(world_size: int, backend: str, timeout: float, port: int,
         TORCHELASTIC_USE_AGENT_STORE="True",  # the store runs in the launcher: every rank is a client
         LLMEDU_BACKEND=backend,
         LLMEDU_TIMEOUT=str(timeout),
-        LLMEDU_PARENT_PID=str(os.getpid()),
-        PYTHONUNBUFFERED="1",  # so that each print reaches the notebook when it happens
         # the parent's import path, so that the worker's module (a test file, say) imports there too
         PYTHONPATH=os.pathsep.join(path),
     )
@@ -259,7 +243,7 @@ def _child_environment(world_size: int, backend: str, timeout: float, port: int,
 
 
 def _watch(
-    procs: list[subprocess.Popen],
+    procs: list[Rank],
     folder: Path,
     echo: bool,
     deadline: float | None,
@@ -277,11 +261,12 @@ def _watch(
     Once a rank has finished with its result, the others get ``timeout`` seconds (and a few more) to finish too:
     the ranks run the same program, so one still running long after a peer returned is stuck.
     """
-    relay = Relay(procs, echo)
+    relay = Relay([folder / f"output{rank}.txt" for rank in range(len(procs))], echo)
     give_up, first_done = None, None
     started, start_by = False, time.monotonic() + startup
-    while relay.selector.get_map() or any(p.poll() is None for p in procs):
-        relay.pump(wait=0.1)
+    while any(p.poll() is None for p in procs):
+        time.sleep(0.02)
+        relay.pump()
         started = started or store.check([EVERYONE_STARTED])
         if deadline is not None and give_up is None and started:
             give_up = time.monotonic() + deadline
@@ -301,9 +286,9 @@ def _watch(
         if failed or late or straggling:
             rank, headline, detail = blame(procs, folder, failed, deadline if late else None, timeout)
             stop(procs)
-            while relay.pump(wait=0):  # what the ranks wrote before they stopped
-                pass
+            relay.pump(final=True)  # what the ranks wrote before they stopped
             if detail is None:  # no traceback came back: the rank's last words are all there is
                 tail = "\n".join(relay.tails[rank]).strip()
                 detail = f"Its last output:\n{tail}" if tail else "It printed nothing."
             raise WorkerError(rank, detail, headline)
+    relay.pump(final=True)

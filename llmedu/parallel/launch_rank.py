@@ -1,7 +1,7 @@
 """What each rank that ``launch`` starts runs: join the group, run the worker, leave the result in a file.
 
-``launch`` (the launcher's side, and the whole story) starts ``main`` in fresh interpreters, from a
-script in its private job folder. Besides the result, or the traceback, each rank leaves the number
+``launch`` (the launcher's side, and the whole story) has its fork server start ``main`` in a copy of a
+clean interpreter, one per rank (``fork_server.py``). Besides the result, or the traceback, each rank leaves the number
 of collectives it called, so that the launcher can name a rank that skipped some (``processes.blame``).
 """
 
@@ -42,10 +42,9 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(part, path)
 
 
-def main() -> None:
-    """Entry point of each child: join the group, run the worker, leave the result in a file."""
+def main(folder: Path) -> None:
+    """Entry point of each rank: join the group, run the worker, leave the result in ``folder``."""
     exit_with_parent(int(os.environ["LLMEDU_PARENT_PID"]))
-    folder = Path(sys.argv[1])
     rank = int(os.environ["RANK"])
     watch_for_stack_requests(folder / f"stack{rank}.txt")
     timeout = float(os.environ["LLMEDU_TIMEOUT"])

@@ -1,13 +1,14 @@
 """The operating-system side of ``launch``: rank processes that never outlive their launcher.
 
-``launch`` starts one Python process per rank. Four things can go wrong at the level of
-processes rather than of PyTorch, and each has its answer here:
+``launch`` starts one Python process per rank (forked by its fork server, ``fork_server.py``). Four things
+can go wrong at the level of processes rather than of PyTorch, and each has its answer here:
 
 * **The launcher dies** (its kernel is restarted, the OOM killer picks it). Its ranks would be
-  re-parented to PID 1 and run on forever. Each rank calls ``exit_with_parent`` first thing: on
-  Linux it asks the kernel to SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
-  elsewhere a thread waits for end-of-file on stdin, a pipe whose other end only the parent
-  holds, and the kernel closes that end when the parent dies, however it dies.
+  re-parented to PID 1 and run on forever. The fork server reads end-of-file on its stdin (the kernel
+  closes the launcher's end of that pipe, however the launcher died), kills its ranks and exits. And each
+  rank calls ``exit_with_parent`` first thing, so that it dies with the server: on Linux it asks the kernel
+  to SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere a thread notices that it
+  has been re-parented.
 * **The launcher's temporary folder leaks** when it dies. Folders are named with the
   launcher's PID (``llmedu-launch-<pid>-...``); ``job_folder`` removes those whose PID is no
   longer alive before it makes a new one.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -126,54 +126,50 @@ def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
 
 
 class Relay:
-    """Each rank's output, line by line, echoed with a ``[rank r]`` prefix; the last lines kept."""
+    """Each rank's output (a file the rank writes), line by line, echoed with a ``[rank r]`` prefix; the last lines kept."""
 
-    def __init__(self, procs: list[subprocess.Popen], echo: bool):
-        self.echo, self.selector = echo, selectors.DefaultSelector()
-        for rank, p in enumerate(procs):
-            os.set_blocking(p.stdout.fileno(), False)
-            self.selector.register(p.stdout, selectors.EVENT_READ, rank)
-        self.partial = [b""] * len(procs)
-        self.tails: list[list[str]] = [[] for _ in procs]  # last 20 lines of each rank
+    def __init__(self, files: list[Path], echo: bool):
+        self.files, self.echo = files, echo
+        self.streams: list = [None] * len(files)  # opened once each rank has made its file
+        self.partial = [b""] * len(files)
+        self.tails: list[list[str]] = [[] for _ in files]  # last 20 lines of each rank
 
-    def pump(self, wait: float) -> int:
-        """Relay what the ranks wrote, waiting up to ``wait`` s for something; how many pipes had data."""
-        if not self.selector.get_map():
-            time.sleep(wait)  # every pipe is closed: only the processes' exits are left to wait for
-            return 0
-        events = self.selector.select(timeout=wait)
-        for key, _ in events:
-            rank = key.data
-            chunk = key.fileobj.read() or b""
-            if not chunk:  # end of file: the process closed its output
-                self.selector.unregister(key.fileobj)
-                chunk = b"\n" if self.partial[rank] else b""
+    def pump(self, final: bool = False) -> None:
+        """Relay the lines the ranks wrote since the last call; ``final``: also each rank's unfinished last line."""
+        for rank, path in enumerate(self.files):
+            if self.streams[rank] is None and path.exists():
+                self.streams[rank] = open(path, "rb")  # noqa: SIM115 -- read from, bit by bit, until final
+            chunk = self.streams[rank].read() if self.streams[rank] else b""
+            if final and (chunk or self.partial[rank]) and not chunk.endswith(b"\n"):
+                chunk += b"\n"
             *lines, self.partial[rank] = (self.partial[rank] + chunk).split(b"\n")
             for line in lines:
                 text = line.decode(errors="replace")
                 self.tails[rank] = (self.tails[rank] + [text])[-20:]
                 if self.echo:
                     print(f"[rank {rank}] {text}", flush=True)
-        return len(events)
+            if final and self.streams[rank]:
+                self.streams[rank].close()
+                self.streams[rank] = None
 
 
 # -- in each rank ------------------------------------------------------------------------------
 def exit_with_parent(parent_pid: int) -> None:
-    """Make this process die when the launcher ``parent_pid`` dies (call first thing in a rank)."""
+    """Make this process die when its parent ``parent_pid`` (the fork server) dies (call first thing in a rank)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     else:
-        threading.Thread(target=_exit_at_end_of_stdin, name="exit-with-parent", daemon=True).start()
+        threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), name="exit-with-parent", daemon=True).start()
     if os.getppid() != parent_pid:  # the parent died before we asked: nobody will tell us
         os._exit(1)
 
 
-def _exit_at_end_of_stdin() -> None:
-    """Block until stdin ends (the parent closed it or died, the kernel closes it then); exit."""
-    while os.read(sys.stdin.fileno(), 1024):
-        pass  # the parent writes nothing; drain whatever arrives anyway
+def _exit_when_orphaned(parent_pid: int, every: float = 0.5) -> None:
+    """Exit once this process has another parent than ``parent_pid``: it died, and we were re-parented."""
+    while os.getppid() == parent_pid:
+        time.sleep(every)
     os._exit(1)  # the work is orphaned: nobody is left to collect its result
 
 
