@@ -1,6 +1,6 @@
 """Start a rank in a tenth of a second, not seconds, without forking a live PyTorch: a fork server.
 
-``launch`` needs one new process per rank. A fresh interpreter costs the import of PyTorch, 1-2 s of CPU,
+``launch`` needs one new process per rank. A fresh interpreter costs the import of PyTorch, about 2 s of CPU here,
 in every rank of every launch: on an idle 2-core machine, four ranks that join a group and leave took 4.5 s
 with ``torch.multiprocessing.spawn`` (a fresh interpreter each), 0.5 s forked from this server
 (``benchmarks/bench_launch.py``).

@@ -87,8 +87,8 @@ def _collectives_called() -> bytes:
 
 
 def _wait_for_every_rank() -> None:
-    """A start-up barrier on the launcher's store, without time limit: a rank still importing
-    PyTorch on a busy machine is worth waiting for, and the launcher notices one that dies."""
+    """A start-up barrier on the launcher's store, without time limit: a rank still importing the
+    worker's modules on a busy machine is worth waiting for, and the launcher notices one that dies."""
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(days=1)
     )
