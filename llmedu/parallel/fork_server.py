@@ -1,12 +1,11 @@
 """Start a rank in a tenth of a second, not seconds, without forking a live PyTorch: a fork server.
 
-``launch`` needs one new process per rank. A fresh interpreter costs the import of PyTorch, about 2 s of CPU here,
-in every rank of every launch: on an idle 2-core machine, four ranks that join a group and leave took 4.5 s
-with ``torch.multiprocessing.spawn`` (a fresh interpreter each), 0.5 s forked from this server
-(``benchmarks/bench_launch.py``).
-Forking the launcher would be instant, but the launcher is a live PyTorch: its OpenMP (or CUDA) threads may
-hold a lock at the moment of the fork, and the child, which inherits the lock but not the thread that would
-release it, can wait forever.
+``launch`` needs one new process per rank. A fresh interpreter costs the import of PyTorch, about 2 s of
+CPU here, in every rank of every launch: on an idle 2-core machine, four ranks that join a group and leave
+took 4.5 s with ``torch.multiprocessing.spawn`` (a fresh interpreter each), 0.5 s forked from this server
+(``benchmarks/bench_launch.py``). Forking the launcher would be instant, but the launcher is a live
+PyTorch: its OpenMP (or CUDA) threads may hold a lock at the moment of the fork, and the child, which
+inherits the lock but not the thread that would release it, can wait forever.
 
 A fork server is the middle road (Python's ``multiprocessing`` calls it the "forkserver" start method; it is
 written out here so that the launcher decides what the server imports and where each rank's output goes).
