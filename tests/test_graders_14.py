@@ -296,6 +296,15 @@ def test_pick_40gb_grader(monkeypatch):
     result = check_pick_40gb(_best, seed=1, fresh=5)
     assert not result and "called llmedu.planner" in result.failure
 
+    # or the grader's own cached searches, which are the planner's answers
+    def from_the_grader(cfg, nodes, batch, link):
+        (name,) = [name for name, model in MODELS.items() if model == cfg]
+        best = graders._best_without_cp(name, nodes, batch.sequences, batch.seq_len, link)
+        return best.layout, best.memory_total / 2**30
+
+    result = check_pick_40gb(from_the_grader, seed=1, fresh=5)
+    assert not result and "_best_without_cp" in result.failure
+
     # with the planner's calls not watched, that function stands for a right rule and passes
     monkeypatch.setattr(graders, "PLANNER", Path("/nowhere"))
     assert check_pick_40gb(_best, seed=1, fresh=5)

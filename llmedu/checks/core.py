@@ -184,12 +184,12 @@ def _difference(got: Any, expected: Any, rtol: float, atol: float, path: str = "
     return None
 
 
-def call_watching(g: Grader, fn, args: tuple, folder: Path, exempt: Callable = lambda code: False):
-    """``g.call(fn, *args)``, and the first function defined under ``folder`` that it called
+def call_watching(g: Grader, fn, args: tuple, folder: Path | tuple[Path, ...], exempt: Callable = lambda code: False):
+    """``g.call(fn, *args)``, and the first function defined under ``folder`` (a path, or several) that it called
     (``"file.qualname"``), or None. A grader that asks for a rule worked out by hand uses it to fail an answer
     that asks the library instead; ``exempt(code)`` names calls that do not count."""
     called = []
-    root = str(folder)
+    root = tuple(str(f) for f in folder) if isinstance(folder, tuple) else str(folder)
 
     def watch(frame, event, arg):
         code = frame.f_code
