@@ -9,15 +9,15 @@ import torch
 import torch.distributed as dist
 
 from llmedu.parallel import WorkerError, launch
-from llmedu.parallel.fork_server import server_pid
+from llmedu.parallel.forked_ranks import server_pids
 
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     yield
-    server = server_pid()  # the launcher's fork server outlives a launch by design; its ranks must not
+    servers = server_pids()  # the launcher's fork servers outlive a launch by design; their ranks must not
     family = psutil.Process().children(recursive=True)
-    left = [p for p in family if p.status() != psutil.STATUS_ZOMBIE and p.pid != server]
+    left = [p for p in family if p.status() != psutil.STATUS_ZOMBIE and p.pid not in servers]
     assert not left, f"processes left running: {left}"
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -22,17 +23,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from llmedu.parallel import WorkerError, launch
-from llmedu.parallel.fork_server import ForkServer, server_pid
+from llmedu.parallel import WorkerError, forked_ranks, launch
+from llmedu.parallel.forked_ranks import ForkServer, server_pids
 from llmedu.parallel.launch import default_backend
 
 
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     yield
-    server = server_pid()  # the launcher's fork server outlives a launch by design; its ranks must not
+    servers = server_pids()  # the launcher's fork servers outlive a launch by design; their ranks must not
     family = psutil.Process().children(recursive=True)
-    left = [p for p in family if p.status() != psutil.STATUS_ZOMBIE and p.pid != server]
+    left = [p for p in family if p.status() != psutil.STATUS_ZOMBIE and p.pid not in servers]
     assert not left, f"processes left running: {left}"
 
 
@@ -279,12 +280,12 @@ def test_ranks_die_with_their_launcher_and_the_next_launch_removes_its_folder(tm
 
 
 @pytest.mark.timeout(60)
-def test_without_prctl_a_rank_exits_when_its_parent_is_gone(tmp_path):
-    # the portable fallback of exit_with_parent: a thread notices that the rank was re-parented
+def test_without_prctl_a_rank_exits_when_its_server_is_gone(tmp_path):
+    # the portable fallback of die_with: a thread notices that the rank was re-parented
     child_code = (
         "import sys, threading, time\n"
-        "from llmedu.parallel.processes import _exit_when_orphaned\n"
-        "threading.Thread(target=_exit_when_orphaned, args=(int(sys.argv[1]), 0.05), daemon=True).start()\n"
+        "from llmedu.parallel.fork_server import exit_when_orphaned\n"
+        "threading.Thread(target=exit_when_orphaned, args=(int(sys.argv[1]), 0.05), daemon=True).start()\n"
         "print('ready', flush=True)\n"
         "time.sleep(1e6)\n"
     )
@@ -301,45 +302,99 @@ def test_without_prctl_a_rank_exits_when_its_parent_is_gone(tmp_path):
     child = psutil.Process(int((tmp_path / "child").read_text()))
     parent.kill()  # the child is re-parented; nobody will ever read its result
     parent.wait()
-    deadline = time.monotonic() + 20
-    while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "an orphaned rank kept running"
+    gone, alive = psutil.wait_procs([child], timeout=20)
+    assert not alive or child.status() == psutil.STATUS_ZOMBIE, "an orphaned rank kept running"
 
 
 @pytest.mark.timeout(90)
-def test_a_fork_server_killed_mid_launch_takes_its_ranks_and_the_next_launch_starts_another():
+def test_a_fork_server_killed_mid_launch_is_named_and_the_next_launch_starts_another(tmp_path):
     def worker():
-        if dist.get_rank() == 0:
-            os.kill(os.getppid(), signal.SIGKILL)  # the fork server, as the out-of-memory killer would pick it
+        Path(tmp_path, f"pid{dist.get_rank()}").write_text(str(os.getpid()))
+        dist.barrier()
+        if dist.get_rank() == 1:
+            os.kill(os.getppid(), signal.SIGKILL)  # rank 1's fork server, as the out-of-memory killer would pick it
         time.sleep(1e6)
 
-    with pytest.raises(WorkerError, match=r"rank \d died, killed by signal 9"):
+    with pytest.raises(WorkerError, match=r"rank 1 lost its fork server:\nThe server \(pid \d+\) killed by signal 9"):
         launch(worker, 2, echo=False)
+    gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in _pids(tmp_path) if not _gone(pid)], timeout=10)
+    assert not alive, f"ranks outlived the launch: {alive}"
     assert launch(lambda: dist.get_rank(), 2, echo=False) == [0, 1]
 
 
 @pytest.mark.timeout(60)
 def test_a_fork_server_that_cannot_start_says_why(tmp_path):
     (tmp_path / "torch.py").write_text("raise ImportError('this torch is broken')\n")
-    server = ForkServer([str(tmp_path), *sys.path], dict(os.environ))
-    with pytest.raises(RuntimeError, match="(?s)fork server .* exited with code 1: .*this torch is broken"):
-        server.start(0, tmp_path, {}, sys.path)
+    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    request = server.ask(0, tmp_path, dict(os.environ))
+    with pytest.raises(RuntimeError, match="(?s)fork server .* exited: .*this torch is broken"):
+        server.started(request, time.monotonic() + 30)
 
 
 @pytest.mark.timeout(60)
 def test_a_fork_server_whose_stdin_ends_stops_its_ranks_and_exits(tmp_path):
-    server = ForkServer(sys.path, dict(os.environ))
+    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     (tmp_path / "job.pkl").write_bytes(cloudpickle.dumps((time.sleep, (1e6,), {})))
     # rank 0 of 2: it waits at the start-up barrier for a rank 1 that never comes
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
            "LLMEDU_BACKEND": "gloo", "LLMEDU_TIMEOUT": "30", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    rank = psutil.Process(server.start(0, tmp_path, env, sys.path).pid)
+    rank = psutil.Process(server.started(server.ask(0, tmp_path, env), time.monotonic() + 30).pid)
     store.wait(["llmedu/started/0"])
     server.process.stdin.close()  # what the kernel does when the launcher dies
     assert server.process.wait(timeout=20) == 0
-    assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE
+    gone, alive = psutil.wait_procs([rank], timeout=10)
+    assert not alive or rank.status() == psutil.STATUS_ZOMBIE
+    server.process.stdout.close()
+    del store
+
+
+@pytest.mark.timeout(90)
+def test_ranks_differ_as_separate_interpreters_and_see_settings_changed_between_launches(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+
+    def worker():  # its server is its parent
+        return hash("a string"), str(dist.get_debug_level()), os.getppid()
+
+    first = launch(worker, 2, echo=False)
+    assert first[0][0] != first[1][0], "ranks share a string-hash seed, as no two torchrun ranks do"
+    servers = {server for *_, server in first}
+    assert len(servers) == 2 and all(psutil.Process(pid).num_threads() == 1 for pid in servers)  # idle at a fork
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read when torch.distributed is imported
+    again = launch(worker, 2, echo=False)
+    assert [debug for _, debug, _ in again] == ["DebugLevel.DETAIL"] * 2
+    assert not servers & {server for *_, server in again}, "servers that imported PyTorch before the change"
+
+
+@pytest.mark.timeout(90)
+def test_an_interrupted_start_closes_the_server_and_the_next_launch_works(monkeypatch):
+    assert launch(lambda: 1, 2, echo=False) == [1, 1]
+    take = forked_ranks.ForkServer._take
+
+    def interrupted(self, wait):  # Ctrl-C while waiting for a server's reply
+        monkeypatch.setattr(forked_ranks.ForkServer, "_take", take)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(forked_ranks.ForkServer, "_take", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launch(lambda: 2, 2, echo=False)
+    assert launch(lambda: dist.get_rank(), 2, echo=False) == [0, 1]
+
+
+@pytest.mark.timeout(90)
+def test_launches_from_two_threads_at_once_each_get_their_own_results():
+    results = {}
+
+    def launching(value):
+        results[value] = launch(lambda: value * 10 + dist.get_rank(), 2, echo=False)
+
+    threads = [threading.Thread(target=launching, args=(v,)) for v in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == {1: [10, 11], 2: [20, 21]}
 
 
 @pytest.mark.slow

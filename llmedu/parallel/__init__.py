@@ -27,6 +27,8 @@ The plumbing they stand on (no technique to learn here):
 
 launch          N real processes from a notebook cell (or torchrun), each rank's result back
 launch_rank     what each started rank runs: join the group, call the worker, send its result home
+fork_server     one per rank index: imports PyTorch once and forks the ranks, in a fraction of a second
+forked_ranks    the launcher's side of its fork servers: ask for a rank, watch it, stop it
 processes       starting, watching and stopping the rank processes; a stalled or crashed rank is reported
 replicas        the check that every rank holds the same replicated weights
 events          spans of compute and communication on each rank, for the timelines

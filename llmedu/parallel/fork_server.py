@@ -1,101 +1,145 @@
-"""Start a rank in a tenth of a second, not seconds, without forking a live PyTorch: a fork server.
+"""Start ranks in a fraction of a second without forking a live PyTorch: fork servers.
 
 ``launch`` needs one new process per rank. A fresh interpreter costs the import of PyTorch, about 2 s of
-CPU here, in every rank of every launch: on an idle 2-core machine, four ranks that join a group and leave
-took 4.5 s with ``torch.multiprocessing.spawn`` (a fresh interpreter each), 0.5 s forked from this server
-(``benchmarks/bench_launch.py``). Forking the launcher would be instant, but the launcher is a live
-PyTorch: its OpenMP (or CUDA) threads may hold a lock at the moment of the fork, and the child, which
-inherits the lock but not the thread that would release it, can wait forever.
+CPU here, in every rank of every launch (``benchmarks/bench_launch.py`` measures it). Forking the launcher
+would be instant, but the launcher is a live PyTorch: a thread of its OpenMP pool may hold a lock at the
+moment of the fork, and the child, which inherits the lock but not the thread that would release it, can
+wait forever; a launcher that has touched CUDA cannot give CUDA to a forked child at all.
 
-A fork server is the middle road (Python's ``multiprocessing`` calls it the "forkserver" start method; it is
-written out here so that the launcher decides what the server imports and where each rank's output goes).
-Once per launcher, a fresh interpreter imports PyTorch, and then never runs a kernel, so it has no pool of
-threads that could hold a lock. For each rank asked for, it forks a copy of itself: a clean interpreter with
-PyTorch already imported. The copy makes itself the process ``torchrun`` would start (its environment,
-import path and working folder, its output to a file the launcher reads) and runs ``launch_rank.main``.
-The server imports nothing of ``llmedu``: each rank imports it afresh, as a fresh interpreter would.
+A fork server is the middle road (Python's ``multiprocessing`` "forkserver" start method, written out so that
+the launcher decides what the server imports and where output goes): a fresh interpreter imports PyTorch,
+checks that it is still one thread, never runs a kernel or touches CUDA, and forks a copy of itself for each
+rank. The copy makes itself the process ``torchrun`` would start (environment, working folder, unbuffered
+output into a file the launcher reads) and runs ``launch_rank.main``, importing ``llmedu`` afresh. **One
+server per rank index** keeps the ranks of a launch as different as separate interpreters: each has its own
+string-hash seed and memory layout, so a ``set`` of names iterates in another order on each rank, as under
+torchrun, where code relying on that order would hang. What an interpreter reads only at its start
+(``PYTHON*``, ``LD_*``, OpenMP and BLAS settings, ``TORCH_*``...) is the launcher's at the server's start:
+when it changes, or the import path does, the servers are replaced.
 
-The two talk in lines of JSON over the server's stdin and stdout::
+They talk in lines of JSON over the server's stdin and a private copy of its stdout (a stray print cannot
+garble it)::
 
-    launcher -> server   {"rank": 0, "folder": ..., "env": {...}, "path": [...], "cwd": ...}   start a rank
-    server -> launcher   {"rank": 0, "pid": 4242}                                             it started
-    server -> launcher   {"pid": 4242, "code": -9}       it exited (as subprocess says it: -N for signal N)
+    launcher -> server   {"id": 7, "rank": 0, "folder": ..., "env": {...}, "cwd": ...}   start a rank
+    server -> launcher   {"id": 7, "pid": 4242}                      it started (or {"id": 7, "error": ...})
+    launcher -> server   {"id": 7, "signal": 15}                                    signal it, if still running
+    server -> launcher   {"id": 7, "code": -9}     it exited (as subprocess says it: -N for signal N)
 
-Only the server can reap its ranks (they are its children), so it reports each exit; ``Rank`` gives the
-launcher the part of ``subprocess.Popen`` it uses (``poll``, ``wait``, ``returncode``, signals) from those
-reports. When its stdin ends (the launcher closed it, or died, and the kernel closed it) the server kills
-its ranks and exits; on Linux each rank is also killed by the kernel if the server dies
-(``processes.exit_with_parent``).
+Only the server can reap its ranks, so it signals them (never a pid that could by now be another process's)
+and reports their exits (the launcher's side of all this is ``forked_ranks.py``). When its stdin
+ends (the launcher closed it, or died) the server kills its ranks and exits; a rank dies with its server
+(``die_with``). A conversation interrupted midway (Ctrl-C) cannot be trusted: that server is closed.
 
-Left out: Windows, which has no fork.
+Left out: Windows, which has no fork. Every rank shows in ``ps`` as ``python .../fork_server.py``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import importlib
+import io
 import json
 import os
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+_HERE = Path(__file__).resolve().parent
+
 
 # -- the server: run as a script (``python fork_server.py``), a fresh interpreter of its own ------------------
 def serve() -> None:
     """Import PyTorch once, then fork a rank per request until stdin ends; report each rank's exit."""
-    del sys.path[0]  # this file's folder (llmedu/parallel) is not a place to import from
+    if sys.path and os.path.realpath(sys.path[0]) == str(_HERE):
+        del sys.path[0]  # this file's folder (llmedu/parallel) is not a place to import from
+    replies = os.dup(1)  # our messages go here; anything else printed to stdout goes to stderr
+    os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the launcher and its ranks
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if it never answers
     import cloudpickle  # noqa: F401 -- what every rank needs first: imported once, here
-    import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
-    me, ranks, pending = os.getpid(), set(), b""
+    if sys.platform.startswith("linux") and len(os.listdir("/proc/self/task")) != 1:
+        sys.exit(f"the fork server has {len(os.listdir('/proc/self/task'))} threads after importing PyTorch, not 1")
+    # a rank's exit wakes the loop at once: SIGCHLD writes a byte into this pipe
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    me, ranks, pending = os.getpid(), {}, b""  # ranks: request id -> pid, until reaped
     while True:
-        ready, _, _ = select.select([0], [], [], 0.05)
-        if ready:
+        ready = select.select([0, woken], [], [])[0]
+        if woken in ready:
+            os.read(woken, 1 << 16)
+        if 0 in ready:
             chunk = os.read(0, 1 << 16)
             if not chunk:  # the launcher is gone, or done with us
                 break
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                request = json.loads(line)
-                pid = os.fork()
+            lines, pending = split_lines(pending + chunk)
+            for request in map(json.loads, lines):
+                if "signal" in request:
+                    if request["id"] in ranks:  # not reaped: the pid is still our child's
+                        os.kill(ranks[request["id"]], request["signal"])
+                    continue
+                try:
+                    pid = os.fork()
+                except OSError as err:  # out of memory or processes: say so, and stay up for the others
+                    _say(replies, {"id": request["id"], "error": f"fork failed: {err}"})
+                    continue
                 if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in (woken, wake, replies):
+                        os.close(fd)
                     _become_rank(request, server=me)  # never returns
-                ranks.add(pid)
-                _say({"rank": request["rank"], "pid": pid})
-        for pid in list(ranks):  # reap the ranks that exited
+                ranks[request["id"]] = pid
+                _say(replies, {"id": request["id"], "pid": pid})
+        for request_id, pid in list(ranks.items()):  # reap the ranks that exited
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                ranks.discard(pid)
-                _say({"pid": pid, "code": os.waitstatus_to_exitcode(status)})
-    for pid in ranks:  # nobody is left to collect their results
+                del ranks[request_id]
+                _say(replies, {"id": request_id, "code": os.waitstatus_to_exitcode(status)})
+    for pid in ranks.values():  # nobody is left to collect their results
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
 
 
-def _say(message: dict) -> None:
-    os.write(1, json.dumps(message).encode() + b"\n")
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """The complete lines in ``data``, and the unfinished rest (to be continued by the next read)."""
+    *lines, rest = data.split(b"\n")
+    return lines, rest
+
+
+def _say(replies: int, message: dict) -> None:
+    try:
+        os.write(replies, json.dumps(message).encode() + b"\n")
+    except BrokenPipeError:  # the launcher is gone: its end of stdin will tell the loop
+        pass
 
 
 def _become_rank(request: dict, server: int) -> None:
     """In the forked copy: become the process torchrun would start, run the rank, never return."""
     try:
+        die_with(server)
+        faulthandler.unregister(signal.SIGUSR1)  # the server's; the rank registers its own (launch_rank)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # meanwhile a stack request must not kill it
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the requests are the server's, not ours
+        nothing = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(nothing, 0)  # the requests are the server's, not ours
+        os.close(nothing)
         output = os.open(Path(request["folder"]) / f"output{request['rank']}.txt", os.O_WRONLY | os.O_CREAT, 0o600)
         os.dup2(output, 1)  # print() and tracebacks go to the file the launcher relays
         os.dup2(output, 2)
         os.close(output)
-        for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(line_buffering=True, write_through=True)  # as PYTHONUNBUFFERED would
+        sys.stdout, sys.stderr = (_unbuffered(fd) for fd in (1, 2))  # as python -u has them
         os.environ.clear()
-        os.environ.update(request["env"], LLMEDU_PARENT_PID=str(server))
-        sys.path[:] = request["path"]
+        os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        importlib.invalidate_caches()  # files written since the server listed the folders on the path
         from llmedu.parallel.launch_rank import main
 
         main(Path(request["folder"]))  # ends in os._exit
@@ -106,120 +150,28 @@ def _become_rank(request: dict, server: int) -> None:
     os._exit(1)
 
 
-# -- the launcher's side --------------------------------------------------------------------------------------
-class ForkServer:
-    """A running server, started with the import path ``path`` and the environment ``env``."""
-
-    def __init__(self, path: list[str], env: dict[str, str]):
-        self.owner = os.getpid()  # a process forked from the launcher must start its own server
-        self.process = subprocess.Popen(
-            [sys.executable, __file__],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,  # silent unless it fails to start: then it is the error we show
-            env={**env, "PYTHONPATH": os.pathsep.join(path)},
-            cwd=Path(__file__).parent,
-        )
-        self.running: set[int] = set()  # pids of ranks started and not yet reported exited
-        self.exits: dict[int, int] = {}  # pid -> exit code, as the server reported them
-        self.lock = threading.Lock()  # one conversation at a time
-        self.gone = False  # its stdout ended: it exited, or was killed
-        self._pending = b""
-
-    def alive(self) -> bool:
-        return not self.gone and self.process.poll() is None and self.owner == os.getpid()
-
-    def start(self, rank: int, folder: Path, env: dict[str, str], path: list[str]) -> Rank:
-        """Fork rank ``rank`` with environment ``env`` and import path ``path``; its output goes to folder."""
-        request = {"rank": rank, "folder": str(folder), "env": env, "path": path, "cwd": os.getcwd()}
-        with self.lock:
-            try:
-                self.process.stdin.write(json.dumps(request).encode() + b"\n")
-                self.process.stdin.flush()
-            except BrokenPipeError:
-                pass  # it is gone: reading says so
-            while not self.gone:  # the reply comes at once (a fork); exits of earlier ranks may come before it
-                for message in self._read(wait=None):
-                    if message.get("rank") == rank:
-                        self.running.add(message["pid"])
-                        return Rank(message["pid"], self)
-        said = self.process.stderr.read().decode(errors="replace").strip()
-        raise RuntimeError(
-            f"the fork server of launch (pid {self.process.pid}) exited with code {self.process.wait()}: {said}"
-        )
-
-    def reports(self) -> None:
-        """Take in the exits the server has reported since the last look."""
-        with self.lock:
-            self._read(wait=0)
-
-    def _read(self, wait: float | None) -> list[dict]:
-        """Messages that arrived within ``wait`` s (None: until one does); exits are recorded as they come."""
-        fd = self.process.stdout.fileno()
-        messages: list[dict] = []
-        while not messages and not self.gone and select.select([fd], [], [], wait)[0]:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:  # the server is gone, and its ranks with it: the kernel kills them (exit_with_parent)
-                self.gone = True
-                self.exits.update(dict.fromkeys(self.running, -signal.SIGKILL))
-                self.running.clear()
-            *lines, self._pending = (self._pending + chunk).split(b"\n")
-            messages += [json.loads(line) for line in lines]
-        for message in messages:
-            if "code" in message:
-                self.exits[message["pid"]] = message["code"]
-                self.running.discard(message["pid"])
-        return messages
+def _unbuffered(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True, errors="backslashreplace")
 
 
-class Rank:
-    """A rank forked by the server: the part of ``subprocess.Popen``'s interface that ``launch`` uses."""
-
-    def __init__(self, pid: int, server: ForkServer):
-        self.pid, self.server, self.returncode = pid, server, None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.server.reports()
-            self.returncode = self.server.exits.pop(self.pid, None)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        give_up = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if give_up is not None and time.monotonic() > give_up:
-                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
-            time.sleep(0.01)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:  # reaped a moment ago; the server's report is on its way
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+def die_with(parent: int) -> None:
+    """Make this process die when ``parent`` (its server) dies: on Linux the kernel kills it
+    (``prctl(PR_SET_PDEATHSIG)``); elsewhere a thread notices that it has been re-parented."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG, from <linux/prctl.h>
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        threading.Thread(target=exit_when_orphaned, args=(parent,), name="die-with-server", daemon=True).start()
+    if os.getppid() != parent:  # it died before we asked: nobody will tell us
+        os._exit(1)
 
 
-_server: ForkServer | None = None
-
-
-def fork_server(path: list[str], env: dict[str, str]) -> ForkServer:
-    """This launcher's server, started on first use (about as long as one fresh interpreter takes)."""
-    global _server
-    if _server is None or not _server.alive():
-        _server = ForkServer(path, env)
-    return _server
-
-
-def server_pid() -> int | None:
-    """The pid of this process's fork server, if one runs: the one process of ours that outlives a launch."""
-    return _server.process.pid if _server is not None and _server.alive() else None
+def exit_when_orphaned(parent: int, every: float = 0.5) -> None:
+    """Exit once this process has another parent than ``parent``: it died, and we were re-parented."""
+    while os.getppid() == parent:
+        time.sleep(every)
+    os._exit(1)  # the work is orphaned: nobody is left to collect its result
 
 
 if __name__ == "__main__":

@@ -9,11 +9,11 @@ stand in the way, and this file is how they are solved:
   function *by value* with ``cloudpickle``, for the ranks to read.
 * ``fork`` would avoid pickling, but a child forked from a process whose OpenMP/CUDA threads are
   running can deadlock; a fresh interpreter per rank costs PyTorch's import, seconds, in every rank of every
-  launch. So each launcher keeps a **fork server** (``fork_server.py``): a fresh interpreter that imports
-  PyTorch once and never runs it, and forks a copy of itself for each rank. We never fork a live PyTorch.
-  The ranks get the parent's import path less the working folder: a ``cloudpickle.py`` (or ``torch.py``)
-  lying there must not run in every rank. A worker from a module in the working folder (a notebook's
-  helper file) travels by value instead.
+  launch. So the launcher keeps **fork servers** (``fork_server.py``), one per rank index: fresh
+  interpreters that import PyTorch once and never run it, and fork a copy of themselves for each rank.
+  We never fork a live PyTorch. The ranks get the parent's import path less the working folder: a
+  ``cloudpickle.py`` (or ``torch.py``) lying there must not run in every rank. A worker from a module in
+  the working folder (a notebook's helper file) travels by value instead.
 
 Each rank gets the environment ``torchrun`` would give it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the group with ``env://``, so the
@@ -50,12 +50,13 @@ raises ``WorkerError``, which names the rank to blame):
   with their stacks. A rank stalled while every peer is busy elsewhere can only be caught by
   ``deadline``: seconds, counted once every rank has started, after which ``launch`` stops every
   rank and names those still running. It is off by default, as a training run may rightly take days.
-* The **launcher dies** (a restarted kernel): its fork server and ranks die with it, and its temporary
-  folder is removed by the next launch (``processes.py``).
+* The **launcher dies** (a restarted kernel): its fork servers and ranks die with it, and its temporary
+  folder is removed by the next launch (``processes.py``). A fork server that dies is named, and replaced
+  at the next launch.
 * A rank **never starts**: importing the worker's modules on a busy machine may take a while, so
-  start-up does not count against ``timeout``; it has its own bound, ``startup`` (default 300 s), after which the ranks that have not reached the start-up barrier are named, with their
-  stacks (a deadlocked import, a worker module that blocks at import time). A rank that dies
-  meanwhile is noticed at once.
+  start-up does not count against ``timeout``; it has its own bound, ``startup`` (default 300 s), after
+  which the ranks that have not reached the start-up barrier are named, with their stacks (a deadlocked
+  import, a worker module that blocks at import time). A rank that dies meanwhile is noticed at once.
 
 Left out: several machines (use ``torchrun``), restarts on failure (torchelastic), Windows.
 """
@@ -74,12 +75,13 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .fork_server import Rank, fork_server
+from .forked_ranks import Rank, fork_servers
 from .launch_rank import EVERYONE_STARTED, STARTED, bind_gpu, join_group
 from .processes import (
     Relay,
     blame,
     check_arguments,
+    describe_exit,
     job_folder,
     not_started,
     stop,
@@ -189,11 +191,19 @@ def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, de
     try:
         path, left_out = _import_path()
         (folder / "job.pkl").write_bytes(_dumps((worker, args, kwargs), left_out))
-        env = _child_environment(world_size, backend, timeout, store.port, path)
-        server = fork_server(path, dict(os.environ))  # PyTorch imported once, forked for each rank
-        for rank in range(world_size):
-            procs.append(server.start(rank, folder, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, path))
-        _watch(procs, folder, echo, deadline, timeout, store, startup)
+        env = _child_environment(world_size, backend, timeout, store.port)
+        servers = fork_servers(world_size, path, dict(os.environ))  # PyTorch imported, ready to fork
+        asked = [
+            s.ask(rank, folder, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank, s in enumerate(servers)
+        ]
+        start_by = time.monotonic() + startup
+        try:
+            procs += [server.started(request, start_by) for server, request in zip(servers, asked)]
+        except BaseException:  # ranks asked for but not in procs would be left running: their servers end them
+            for server in servers:
+                server.close()
+            raise
+        _watch(procs, folder, echo, deadline, timeout, store, startup, start_by)
         return [cloudpickle.loads((folder / f"result{rank}.pkl").read_bytes()) for rank in range(world_size)]
     finally:
         stop(procs)
@@ -224,7 +234,7 @@ def _dumps(job, left_out: list[str]) -> bytes:
             cloudpickle.unregister_pickle_by_value(module)
 
 
-def _child_environment(world_size: int, backend: str, timeout: float, port: int, path: list[str]) -> dict[str, str]:
+def _child_environment(world_size: int, backend: str, timeout: float, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         WORLD_SIZE=str(world_size),
@@ -233,8 +243,7 @@ def _child_environment(world_size: int, backend: str, timeout: float, port: int,
         TORCHELASTIC_USE_AGENT_STORE="True",  # the store runs in the launcher: every rank is a client
         LLMEDU_BACKEND=backend,
         LLMEDU_TIMEOUT=str(timeout),
-        # the parent's import path, so that the worker's module (a test file, say) imports there too
-        PYTHONPATH=os.pathsep.join(path),
+        PYTHONUNBUFFERED="1",  # for the processes a worker starts: each line reaches the notebook when printed
     )
     # N processes share the cores: cores / N intra-op threads each (at least one), unless the user
     # set OMP_NUM_THREADS; more would make every kernel wait for threads that have no core to run on
@@ -243,18 +252,12 @@ def _child_environment(world_size: int, backend: str, timeout: float, port: int,
 
 
 def _watch(
-    procs: list[Rank],
-    folder: Path,
-    echo: bool,
-    deadline: float | None,
-    timeout: float,
-    store,
-    startup: float = 300.0,
+    procs: list[Rank], folder: Path, echo: bool, deadline: float | None, timeout: float, store, startup, start_by
 ):
     """Relay output until every rank has exited with a result; on a failure, stop all and raise.
 
-    Until every rank has reached the start-up barrier, ``startup`` seconds (from now) bound the wait;
-    past them the ranks that have not arrived are named, with their stacks.
+    Until every rank has reached the start-up barrier, the wait is bounded by ``start_by`` (monotonic
+    seconds, ``startup`` after the launch began); past it the ranks that have not arrived are named, with their stacks.
 
     The ``deadline`` counts from the moment every rank has started (the start-up barrier in
     ``store`` is passed): it bounds the worker, however long start-up took on a busy machine.
@@ -262,33 +265,55 @@ def _watch(
     the ranks run the same program, so one still running long after a peer returned is stuck.
     """
     relay = Relay([folder / f"output{rank}.txt" for rank in range(len(procs))], echo)
-    give_up, first_done = None, None
-    started, start_by = False, time.monotonic() + startup
-    while any(p.poll() is None for p in procs):
-        time.sleep(0.02)
-        relay.pump()
-        started = started or store.check([EVERYONE_STARTED])
-        if deadline is not None and give_up is None and started:
-            give_up = time.monotonic() + deadline
-        if not started and time.monotonic() > start_by and all(p.poll() is None for p in procs):
-            absent = [r for r in range(len(procs)) if not store.check([f"{STARTED}/{r}"])]
-            detail = not_started(procs, folder, absent, startup)
-            stop(procs)
-            raise WorkerError(absent[0], detail, "did not start in time:")
-        exited = [r for r, p in enumerate(procs) if p.poll() is not None]
-        failed = [r for r in exited if not (folder / f"result{r}.pkl").exists()]
-        if exited and first_done is None and not failed:
-            first_done = time.monotonic()
-        running = any(p.poll() is None for p in procs)
-        late = give_up is not None and time.monotonic() > give_up and running
-        # a little past `timeout`: a rank waiting in a collective for the one that returned reports first
-        straggling = first_done is not None and time.monotonic() - first_done > timeout + _GRACE and running
-        if failed or late or straggling:
-            rank, headline, detail = blame(procs, folder, failed, deadline if late else None, timeout)
-            stop(procs)
-            relay.pump(final=True)  # what the ranks wrote before they stopped
-            if detail is None:  # no traceback came back: the rank's last words are all there is
-                tail = "\n".join(relay.tails[rank]).strip()
-                detail = f"Its last output:\n{tail}" if tail else "It printed nothing."
-            raise WorkerError(rank, detail, headline)
-    relay.pump(final=True)
+    try:
+        give_up, first_done, started = None, None, False
+        while True:
+            time.sleep(0.02)
+            relay.pump()
+            started = started or store.check([EVERYONE_STARTED])
+            if deadline is not None and give_up is None and started:
+                give_up = time.monotonic() + deadline
+            if not started and time.monotonic() > start_by and all(p.poll() is None for p in procs):
+                absent = [r for r in range(len(procs)) if not store.check([f"{STARTED}/{r}"])]
+                detail = not_started(procs, folder, absent, startup)
+                stop(procs)
+                raise WorkerError(absent[0], detail, "did not start in time:")
+            failed = _failed(procs, folder)
+            if failed:  # a rank's failure ends its peers' moments later: let their exits come in, then judge
+                time.sleep(0.1)
+                failed = _failed(procs, folder)
+            lost = [r for r, p in enumerate(procs) if p.lost]
+            if lost:  # a server died (or was killed), and its rank with it
+                stop(procs)
+                server = procs[lost[0]].server
+                raise WorkerError(
+                    lost[0],
+                    f"The server (pid {server.process.pid}) {describe_exit(server.process.wait())}, and the rank "
+                    f"died with it; the next launch starts another. The server's last words: {server.said()}",
+                    "lost its fork server:",
+                )
+            exited = [r for r, p in enumerate(procs) if p.poll() is not None]
+            if exited and first_done is None and not failed:
+                first_done = time.monotonic()
+            running = any(p.poll() is None for p in procs)
+            late = give_up is not None and time.monotonic() > give_up and running
+            # a little past `timeout`: a rank waiting in a collective for the one that returned reports first
+            straggling = first_done is not None and time.monotonic() - first_done > timeout + _GRACE and running
+            if failed or late or straggling:
+                rank, headline, detail = blame(procs, folder, failed, deadline if late else None, timeout)
+                stop(procs)
+                relay.pump(final=True)  # what the ranks wrote before they stopped
+                if detail is None:  # no traceback came back: the rank's last words are all there is
+                    tail = "\n".join(relay.tails[rank]).strip()
+                    detail = f"Its last output:\n{tail}" if tail else "It printed nothing."
+                raise WorkerError(rank, detail, headline)
+            if not running:
+                break
+        relay.pump(final=True)
+    finally:
+        relay.close()
+
+
+def _failed(procs: list[Rank], folder: Path) -> list[int]:
+    """The ranks that exited without leaving a result."""
+    return [r for r, p in enumerate(procs) if p.poll() is not None and not (folder / f"result{r}.pkl").exists()]

@@ -18,7 +18,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from .processes import TIMEOUT_HINT, exit_with_parent, watch_for_stack_requests
+from .processes import TIMEOUT_HINT, watch_for_stack_requests
 
 STARTED = "llmedu/started"  # each rank sets {STARTED}/{rank} on reaching the start-up barrier
 EVERYONE_STARTED = "llmedu/everyone started"  # key of the start-up barrier in the launcher's store
@@ -44,7 +44,6 @@ def _write(path: Path, data: bytes) -> None:
 
 def main(folder: Path) -> None:
     """Entry point of each rank: join the group, run the worker, leave the result in ``folder``."""
-    exit_with_parent(int(os.environ["LLMEDU_PARENT_PID"]))
     rank = int(os.environ["RANK"])
     watch_for_stack_requests(folder / f"stack{rank}.txt")
     timeout = float(os.environ["LLMEDU_TIMEOUT"])

@@ -1,14 +1,12 @@
 """The operating-system side of ``launch``: rank processes that never outlive their launcher.
 
-``launch`` starts one Python process per rank (forked by its fork server, ``fork_server.py``). Four things
+``launch`` starts one Python process per rank (forked by a fork server, ``fork_server.py``). Four things
 can go wrong at the level of processes rather than of PyTorch, and each has its answer here:
 
 * **The launcher dies** (its kernel is restarted, the OOM killer picks it). Its ranks would be
-  re-parented to PID 1 and run on forever. The fork server reads end-of-file on its stdin (the kernel
-  closes the launcher's end of that pipe, however the launcher died), kills its ranks and exits. And each
-  rank calls ``exit_with_parent`` first thing, so that it dies with the server: on Linux it asks the kernel
-  to SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere a thread notices that it
-  has been re-parented.
+  re-parented to PID 1 and run on forever. Each fork server reads end-of-file on its stdin (the kernel
+  closes the launcher's end of that pipe, however the launcher died), kills its ranks and exits; and a
+  rank dies with its server in any case (``fork_server.die_with``).
 * **The launcher's temporary folder leaks** when it dies. Folders are named with the
   launcher's PID (``llmedu-launch-<pid>-...``); ``job_folder`` removes those whose PID is no
   longer alive before it makes a new one.
@@ -19,20 +17,18 @@ can go wrong at the level of processes rather than of PyTorch, and each has its 
 
 ``blame`` decides, when something failed, which rank to name and what to say about it.
 
-``stop`` terminates what still runs, kills what does not listen, and reaps every process.
+``stop`` terminates what still runs, kills what does not listen, and waits for every process. The processes
+are ``forked_ranks.Rank``s: each answers ``poll``, ``wait``, ``terminate``, ``kill`` as ``subprocess.Popen`` does.
 """
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -41,7 +37,6 @@ from ..runtime import process_alive
 __all__ = [
     "Relay",
     "job_folder",
-    "exit_with_parent",
     "describe_exit",
     "watch_for_stack_requests",
     "stacks",
@@ -54,7 +49,6 @@ __all__ = [
 
 _PREFIX = "llmedu-launch-"
 TIMEOUT_HINT = "A collective waited longer than timeout="  # how a rank's timeout error begins
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 # -- in the launcher ---------------------------------------------------------------------------
@@ -95,7 +89,7 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def stacks(procs: dict[int, subprocess.Popen], folder: Path, wait: float = 2.0) -> dict[int, str]:
+def stacks(procs: dict, folder: Path, wait: float = 2.0) -> dict[int, str]:
     """Ask each running rank for its Python stacks (SIGUSR1); what came back within ``wait`` s."""
     asked = {}
     for rank, p in procs.items():
@@ -108,10 +102,10 @@ def stacks(procs: dict[int, subprocess.Popen], folder: Path, wait: float = 2.0) 
     return {rank: f.read_text() for rank, f in asked.items() if f.exists() and f.stat().st_size}
 
 
-def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-    """Terminate whatever is still running, kill what did not exit within ``grace`` s, reap all.
+def stop(procs: list, grace: float = 5.0) -> None:
+    """Terminate whatever is still running, kill what did not exit within ``grace`` s, wait for all.
 
-    Their pipes stay open: what the processes wrote before they stopped can still be read.
+    What the processes wrote before they stopped stays in their output files, to be read.
     """
     for p in procs:
         if p.poll() is None:
@@ -130,49 +124,32 @@ class Relay:
 
     def __init__(self, files: list[Path], echo: bool):
         self.files, self.echo = files, echo
-        self.streams: list = [None] * len(files)  # opened once each rank has made its file
+        self.streams: list = [None] * len(files)  # each opened once its rank has made it
         self.partial = [b""] * len(files)
         self.tails: list[list[str]] = [[] for _ in files]  # last 20 lines of each rank
 
     def pump(self, final: bool = False) -> None:
-        """Relay the lines the ranks wrote since the last call; ``final``: also each rank's unfinished last line."""
+        """Relay the lines the ranks wrote since the last call; ``final``: each rank's unfinished last line too."""
         for rank, path in enumerate(self.files):
             if self.streams[rank] is None and path.exists():
-                self.streams[rank] = open(path, "rb")  # noqa: SIM115 -- read from, bit by bit, until final
+                self.streams[rank] = open(path, "rb")  # noqa: SIM115 -- read as it grows; closed by close()
             chunk = self.streams[rank].read() if self.streams[rank] else b""
             if final and (chunk or self.partial[rank]) and not chunk.endswith(b"\n"):
                 chunk += b"\n"
-            *lines, self.partial[rank] = (self.partial[rank] + chunk).split(b"\n")
+            *lines, self.partial[rank] = (self.partial[rank] + chunk).split(b"\n")  # the last: unfinished
             for line in lines:
                 text = line.decode(errors="replace")
                 self.tails[rank] = (self.tails[rank] + [text])[-20:]
                 if self.echo:
                     print(f"[rank {rank}] {text}", flush=True)
-            if final and self.streams[rank]:
-                self.streams[rank].close()
-                self.streams[rank] = None
+
+    def close(self) -> None:
+        for stream in self.streams:
+            if stream is not None:
+                stream.close()
 
 
 # -- in each rank ------------------------------------------------------------------------------
-def exit_with_parent(parent_pid: int) -> None:
-    """Make this process die when its parent ``parent_pid`` (the fork server) dies (call first thing in a rank)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    else:
-        threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), name="exit-with-parent", daemon=True).start()
-    if os.getppid() != parent_pid:  # the parent died before we asked: nobody will tell us
-        os._exit(1)
-
-
-def _exit_when_orphaned(parent_pid: int, every: float = 0.5) -> None:
-    """Exit once this process has another parent than ``parent_pid``: it died, and we were re-parented."""
-    while os.getppid() == parent_pid:
-        time.sleep(every)
-    os._exit(1)  # the work is orphaned: nobody is left to collect its result
-
-
 def watch_for_stack_requests(path: Path) -> None:
     """On SIGUSR1, write every thread's Python stack to ``path`` (read by ``stacks``)."""
     stream = open(path, "w")  # noqa: SIM115 -- stays open for the life of the process

@@ -1,0 +1,210 @@
+"""The launcher's side of its fork servers (``fork_server.py`` is the server's, and the whole story).
+
+``fork_servers(n, path, environ)`` gives the servers of ranks 0..n-1, started on first use and replaced when
+what a starting interpreter reads has changed. ``ForkServer`` is a handle on one: ``ask`` for a rank,
+``started`` waits for its pid, and ``Rank`` is the forked process as the launcher sees it, the part of
+``subprocess.Popen``'s interface that ``launch`` uses (``poll``, ``wait``, ``returncode``, signals), built
+from what the server reports. A conversation interrupted midway (Ctrl-C) closes that server: what it says
+next could not be trusted, and closing it ends its ranks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from .fork_server import split_lines
+
+SERVER = Path(__file__).resolve().parent / "fork_server.py"
+# variables an interpreter reads when it starts, or PyTorch and its libraries when imported
+READ_AT_START = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", "LC_", "LANG")
+
+
+class ForkServer:
+    """A running server, started with the environment ``env`` (its import path in ``PYTHONPATH``)."""
+
+    def __init__(self, env: dict[str, str]):
+        env = {"OPENBLAS_NUM_THREADS": "1", **env}  # numpy's BLAS, loaded with PyTorch: no thread pool to fork
+        self.env, self.owner = env, os.getpid()  # a process forked from the launcher starts its own servers
+        self.errors = tempfile.TemporaryFile()  # its stderr: silent unless something fails
+        self.process = subprocess.Popen(
+            [sys.executable, str(SERVER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            env=env,
+            cwd=SERVER.parent,
+        )
+        self.ids = itertools.count()
+        self.pids: dict[int, int] = {}  # request id -> pid, as the server replied
+        self.exits: dict[int, int] = {}  # request id -> exit code, as the server reported
+        self.refused: dict[int, str] = {}  # request id -> why the server could not fork it
+        self.gone = False  # the server exited, was killed, or was closed by us
+        self.lock = threading.Lock()  # one conversation at a time
+        self._pending = b""
+
+    def alive(self) -> bool:
+        return not self.gone and self.process.poll() is None and self.owner == os.getpid()
+
+    def ask(self, rank: int, folder: Path, env: dict[str, str]) -> int:
+        """Ask for rank ``rank`` with environment ``env``, its output in ``folder``; the request's id."""
+        request_id = next(self.ids)
+        self._send({"id": request_id, "rank": rank, "folder": str(folder), "env": env, "cwd": os.getcwd()})
+        return request_id
+
+    def started(self, request_id: int, by: float) -> Rank:
+        """The rank of request ``request_id``, once the server has forked it (waiting until ``by``, monotonic)."""
+        with self._talking():
+            while request_id not in self.pids and request_id not in self.refused and not self.gone:
+                if time.monotonic() > by:
+                    self.process.send_signal(signal.SIGUSR1)  # its stack, to its stderr
+                    time.sleep(1)
+                    self.close()
+                    raise RuntimeError(f"the fork server (pid {self.process.pid}) did not answer: {self.said()}")
+                self._take(wait=min(1.0, max(0.0, by - time.monotonic())))
+        if request_id in self.refused:
+            raise RuntimeError(f"the fork server (pid {self.process.pid}): {self.refused[request_id]}")
+        if self.gone:
+            raise RuntimeError(f"the fork server (pid {self.process.pid}) exited: {self.said()}")
+        return Rank(request_id, self.pids[request_id], self)
+
+    def reports(self) -> None:
+        """Take in what the server has said since the last look."""
+        with self._talking():
+            self._take(wait=0)
+
+    def signal(self, request_id: int, sig: int) -> None:
+        self._send({"id": request_id, "signal": int(sig)})
+
+    def said(self) -> str:
+        """The end of what the server wrote to stderr: why it failed to start, or where it hung."""
+        self.errors.seek(0)
+        return self.errors.read().decode(errors="replace")[-4000:].strip() or "(nothing on stderr)"
+
+    def close(self) -> None:
+        """End the server: it kills its ranks and exits (killed if it does not within 10 s)."""
+        self.gone = True
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+
+    @contextmanager
+    def _talking(self):
+        with self.lock:
+            try:
+                yield
+            except BaseException:  # interrupted midway: what the server says next cannot be trusted
+                if not self.gone:
+                    self.close()
+                raise
+
+    def _send(self, message: dict) -> None:
+        with self._talking():
+            if self.gone:
+                return
+            try:
+                self.process.stdin.write(json.dumps(message).encode() + b"\n")
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                self.gone = True
+
+    def _take(self, wait: float) -> None:
+        """Read what arrives within ``wait`` s and record it: a started rank's pid, or an exit."""
+        if self.gone or not select.select([self.process.stdout], [], [], wait)[0]:
+            return
+        chunk = os.read(self.process.stdout.fileno(), 1 << 16)
+        if not chunk:  # it exited: its ranks died with it
+            self.gone = True
+            return
+        lines, self._pending = split_lines(self._pending + chunk)
+        for message in map(json.loads, lines):
+            if "pid" in message:
+                self.pids[message["id"]] = message["pid"]
+            elif "error" in message:
+                self.refused[message["id"]] = message["error"]
+            else:
+                self.exits[message["id"]] = message["code"]
+
+
+class Rank:
+    """A rank forked by a server: the part of ``subprocess.Popen``'s interface that ``launch`` uses."""
+
+    def __init__(self, request_id: int, pid: int, server: ForkServer):
+        self.id, self.pid, self.server, self.returncode = request_id, pid, server, None
+        self.lost = False  # it ended because its server did
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.reports()
+            if self.id in self.server.exits:
+                self.returncode = self.server.exits.pop(self.id)
+            elif self.server.gone:  # the server's end is its ranks' end: it kills them, or the kernel does
+                self.returncode, self.lost = -signal.SIGKILL, True
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if give_up is not None and time.monotonic() > give_up:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            self.server.signal(self.id, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_servers: dict[int, ForkServer] = {}  # rank index -> its server, in this launcher
+_servers_lock = threading.Lock()
+
+
+def fork_servers(world_size: int, path: list[str], environ: dict[str, str]) -> list[ForkServer]:
+    """The servers of ranks 0..world_size-1, started on first use, and again when what a starting interpreter
+    reads (``READ_AT_START``, the import path ``path``) differs from what they started with."""
+    env = {"OPENBLAS_NUM_THREADS": "1", **environ, "PYTHONPATH": os.pathsep.join(path)}
+    with _servers_lock:
+        for index in range(world_size):
+            server = _servers.get(index)
+            if server is None or not server.alive() or _at_start(server.env) != _at_start(env):
+                if server is not None and not server.gone:
+                    server.close()
+                _servers[index] = ForkServer(env)
+        return [_servers[index] for index in range(world_size)]
+
+
+def _at_start(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_START)}
+
+
+def server_pids() -> set[int]:
+    """The pids of this process's running fork servers: the processes of ours that outlive a launch."""
+    return {s.process.pid for s in _servers.values() if s.alive()}
+
+
+@atexit.register
+def _close_servers() -> None:
+    for server in _servers.values():
+        if server.alive():
+            server.close()
