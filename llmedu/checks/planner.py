@@ -40,16 +40,16 @@ PLANNER = Path(__file__).resolve().parents[1] / "planner"
 
 
 def _without_planner(g: Grader, fn, *args):
-    """``fn(*args)`` through ``g.call``, failing the case if it called any function of ``llmedu.planner`` (or this
-    file's, whose cached searches are the planner's answers)."""
-    # building a Layout or a Batch (to return one) is not asking the planner
-    got, called = call_watching(
-        g,
-        fn,
-        args,
-        (PLANNER, Path(__file__).resolve()),
-        exempt=lambda code: code.co_qualname.split(".")[0] in ("Layout", "Batch"),
-    )
+    """``fn(*args)`` through ``g.call``, failing the case if it called any function of ``llmedu.planner``, or
+    ``_best_without_cp``, whose searches are the planner's answers."""
+    searches = _best_without_cp.__code__
+
+    def exempt(code):  # building a Layout or a Batch (to return one) is not asking the planner
+        return code.co_qualname.split(".")[0] in ("Layout", "Batch") or (
+            code.co_filename == searches.co_filename and code is not searches
+        )
+
+    got, called = call_watching(g, fn, args, (PLANNER, Path(searches.co_filename)), exempt)
     g.expect(
         "your function works it out without the planner",
         called is None,
