@@ -305,6 +305,13 @@ def test_pick_40gb_grader(monkeypatch):
     result = check_pick_40gb(from_the_grader, seed=1, fresh=5)
     assert not result and "_best_without_cp" in result.failure
 
+    def from_its_cache(cfg, nodes, batch, link):  # read, not called: nothing to watch, so the cache is emptied
+        (name,) = [name for name, model in MODELS.items() if model == cfg]
+        best = graders._BEST[name, nodes, batch.sequences, batch.seq_len, link]
+        return best.layout, best.memory_total / 2**30
+
+    assert not check_pick_40gb(from_its_cache, seed=1, fresh=5)
+
     # with the planner's calls not watched, that function stands for a right rule and passes
     monkeypatch.setattr(graders, "PLANNER", Path("/nowhere"))
     assert check_pick_40gb(_best, seed=1, fresh=5)

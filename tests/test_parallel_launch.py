@@ -329,6 +329,36 @@ def test_a_fork_server_that_cannot_start_says_why(tmp_path):
     request = server.ask(0, tmp_path, dict(os.environ))
     with pytest.raises(RuntimeError, match="(?s)fork server .* exited: .*this torch is broken"):
         server.started(request, time.monotonic() + 30)
+    server.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_with_a_thread_running_refuses_to_fork(tmp_path):
+    (tmp_path / "torch").mkdir()  # a PyTorch whose import starts a thread, as a BLAS pool would
+    (tmp_path / "torch" / "__init__.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()\n"
+    )
+    (tmp_path / "torch" / "distributed.py").write_text("")
+    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    request = server.ask(0, tmp_path, dict(os.environ))
+    with pytest.raises(RuntimeError, match="runs 2 threads after importing PyTorch"):
+        server.started(request, time.monotonic() + 30)
+    server.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_never_answers_is_named_with_its_stack(tmp_path):
+    (tmp_path / "torch.py").write_text("import time\ntime.sleep(1e6)  # an import that never ends\n")
+    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    request = server.ask(0, tmp_path, dict(os.environ))
+    with pytest.raises(RuntimeError, match="(?s)fork server .* did not answer: .*torch.py"):
+        server.started(request, time.monotonic() + 5)
+    assert server.process.poll() is not None
+
+
+def test_a_users_blas_threads_do_not_stop_the_servers(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")  # common on shared machines; the servers keep theirs at 1
+    assert launch(lambda: dist.get_rank(), 2, echo=False) == [0, 1]
 
 
 @pytest.mark.timeout(60)

@@ -49,7 +49,12 @@ def _without_planner(g: Grader, fn, *args):
             code.co_filename == searches.co_filename and code is not searches
         )
 
-    got, called = call_watching(g, fn, args, (PLANNER, Path(searches.co_filename)), exempt)
+    saved = dict(_BEST)  # the answers to the scenarios drawn so far: out of the answer's reach while it runs
+    _BEST.clear()
+    try:
+        got, called = call_watching(g, fn, args, (PLANNER, Path(searches.co_filename)), exempt)
+    finally:
+        _BEST.update(saved)
     g.expect(
         "your function works it out without the planner",
         called is None,

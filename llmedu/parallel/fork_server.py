@@ -8,14 +8,17 @@ wait forever; a launcher that has touched CUDA cannot give CUDA to a forked chil
 
 A fork server is the middle road (Python's ``multiprocessing`` "forkserver" start method, written out so that
 the launcher decides what the server imports and where output goes): a fresh interpreter imports PyTorch,
-checks that it is still one thread, never runs a kernel or touches CUDA, and forks a copy of itself for each
-rank. The copy makes itself the process ``torchrun`` would start (environment, working folder, unbuffered
-output into a file the launcher reads) and runs ``launch_rank.main``, importing ``llmedu`` afresh. **One
-server per rank index** keeps the ranks of a launch as different as separate interpreters: each has its own
-string-hash seed and memory layout, so a ``set`` of names iterates in another order on each rank, as under
-torchrun, where code relying on that order would hang. What an interpreter reads only at its start
-(``PYTHON*``, ``LD_*``, OpenMP and BLAS settings, ``TORCH_*``...) is the launcher's at the server's start:
-when it changes, or the import path does, the servers are replaced.
+checks (on Linux) that it is still one thread, never runs a kernel or touches CUDA, and forks a copy of
+itself for each rank. The copy makes itself the process ``torchrun`` would start (environment, working
+folder, unbuffered output into a file the launcher reads) and runs ``launch_rank.main``, importing ``llmedu``
+afresh. **One server per rank index** keeps the ranks of a launch as different from each other as separate
+interpreters are: each has its own string-hash seed and memory layout, so a ``set`` of names iterates in
+another order on each rank, as under torchrun, where code relying on that order would hang. (Rank r of one
+launch and rank r of the next share them; numpy's random state is reseeded in every rank.) What an
+interpreter reads only at its start (``PYTHON*``, ``LD_*``, ``TORCH*``...) is the launcher's at the
+server's start: when it changes, or the import path does, the servers are replaced. numpy's BLAS runs on
+one thread in the ranks (a thread pool in the server would be copied mid-flight). Each server holds an
+imported PyTorch, about 220 MB here, for the launcher's life.
 
 They talk in lines of JSON over the server's stdin and a private copy of its stdout (a stray print cannot
 garble it)::
@@ -54,26 +57,12 @@ _HERE = Path(__file__).resolve().parent
 # -- the server: run as a script (``python fork_server.py``), a fresh interpreter of its own ------------------
 def serve() -> None:
     """Import PyTorch once, then fork a rank per request until stdin ends; report each rank's exit."""
-    if sys.path and os.path.realpath(sys.path[0]) == str(_HERE):
-        del sys.path[0]  # this file's folder (llmedu/parallel) is not a place to import from
-    replies = os.dup(1)  # our messages go here; anything else printed to stdout goes to stderr
-    os.dup2(2, 1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the launcher and its ranks
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if it never answers
-    import cloudpickle  # noqa: F401 -- what every rank needs first: imported once, here
-    import torch.distributed  # noqa: F401
-
-    if sys.platform.startswith("linux") and len(os.listdir("/proc/self/task")) != 1:
-        sys.exit(f"the fork server has {len(os.listdir('/proc/self/task'))} threads after importing PyTorch, not 1")
-    # a rank's exit wakes the loop at once: SIGCHLD writes a byte into this pipe
-    woken, wake = os.pipe()
-    os.set_blocking(wake, False)
-    signal.set_wakeup_fd(wake)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    me, ranks, pending = os.getpid(), {}, b""  # ranks: request id -> pid, until reaped
+    replies, woken = _prepare()
+    ranks: dict[int, int] = {}  # request id -> pid of the rank, until it is reaped
+    pending = b""  # an unfinished line of requests
     while True:
         ready = select.select([0, woken], [], [])[0]
-        if woken in ready:
+        if woken in ready:  # a rank exited (SIGCHLD)
             os.read(woken, 1 << 16)
         if 0 in ready:
             chunk = os.read(0, 1 << 16)
@@ -82,30 +71,70 @@ def serve() -> None:
             lines, pending = split_lines(pending + chunk)
             for request in map(json.loads, lines):
                 if "signal" in request:
-                    if request["id"] in ranks:  # not reaped: the pid is still our child's
-                        os.kill(ranks[request["id"]], request["signal"])
-                    continue
-                try:
-                    pid = os.fork()
-                except OSError as err:  # out of memory or processes: say so, and stay up for the others
-                    _say(replies, {"id": request["id"], "error": f"fork failed: {err}"})
-                    continue
-                if pid == 0:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    for fd in (woken, wake, replies):
-                        os.close(fd)
-                    _become_rank(request, server=me)  # never returns
-                ranks[request["id"]] = pid
-                _say(replies, {"id": request["id"], "pid": pid})
-        for request_id, pid in list(ranks.items()):  # reap the ranks that exited
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                del ranks[request_id]
-                _say(replies, {"id": request_id, "code": os.waitstatus_to_exitcode(status)})
+                    _signal(ranks, request)
+                else:
+                    _start(ranks, request, replies, keep_out=(replies, woken))
+        _reap(ranks, replies)
     for pid in ranks.values():  # nobody is left to collect their results
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def _prepare() -> tuple[int, int]:
+    """Import what every rank needs, check that nothing runs beside us, set up the two pipes of the loop:
+    replies to the launcher (a private copy of stdout), and one that a rank's exit (SIGCHLD) writes a byte to."""
+    if sys.path and os.path.realpath(sys.path[0]) == str(_HERE):
+        del sys.path[0]  # this file's folder (llmedu/parallel) is not a place to import from
+    replies = os.dup(1)
+    os.dup2(2, 1)  # anything printed from now on goes to stderr, not into our replies
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the launcher and its ranks
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if it never answers
+    import cloudpickle  # noqa: F401 -- imported once, here, for every rank
+    import torch.distributed  # noqa: F401
+
+    if sys.platform.startswith("linux"):  # elsewhere there is no cheap way to count a process's threads
+        threads = [Path(task, "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+        if len(threads) != 1:
+            sys.exit(f"the fork server runs {len(threads)} threads after importing PyTorch ({', '.join(threads)}):"
+                     " a fork could copy a lock one of them holds")  # fmt: skip
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return replies, woken
+
+
+def _start(ranks: dict[int, int], request: dict, replies: int, keep_out: tuple[int, int]) -> None:
+    """Fork the rank of ``request``; tell the launcher its pid (or why there is none)."""
+    server = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as err:  # out of memory, or of processes: say so, and stay up for the others
+        _say(replies, {"id": request["id"], "error": f"fork failed: {err}"})
+        return
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in keep_out:
+            os.close(fd)
+        _become_rank(request, server)  # never returns
+    ranks[request["id"]] = pid
+    _say(replies, {"id": request["id"], "pid": pid})
+
+
+def _signal(ranks: dict[int, int], request: dict) -> None:
+    """Signal a rank that is still running: not reaped, its pid is still our child's, not a stranger's."""
+    if request["id"] in ranks:
+        os.kill(ranks[request["id"]], request["signal"])
+
+
+def _reap(ranks: dict[int, int], replies: int) -> None:
+    """Collect the ranks that exited, and report each one's exit code."""
+    for request_id, pid in list(ranks.items()):
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+        if reaped:
+            del ranks[request_id]
+            _say(replies, {"id": request_id, "code": os.waitstatus_to_exitcode(status)})
 
 
 def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
@@ -136,6 +165,8 @@ def _become_rank(request: dict, server: int) -> None:
         os.dup2(output, 2)
         os.close(output)
         sys.stdout, sys.stderr = (_unbuffered(fd) for fd in (1, 2))  # as python -u has them
+        if "numpy.random" in sys.modules:  # imported with PyTorch; unlike Python's random, not reseeded by fork
+            sys.modules["numpy.random"].seed()
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])

@@ -193,14 +193,14 @@ def _run_in_new_processes(worker, world_size, args, kwargs, backend, timeout, de
         (folder / "job.pkl").write_bytes(_dumps((worker, args, kwargs), left_out))
         env = _child_environment(world_size, backend, timeout, store.port)
         servers = fork_servers(world_size, path, dict(os.environ))  # PyTorch imported, ready to fork
-        asked = [
-            s.ask(rank, folder, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank, s in enumerate(servers)
-        ]
-        start_by = time.monotonic() + startup
+        start_by, asked = time.monotonic() + startup, []
         try:
-            procs += [server.started(request, start_by) for server, request in zip(servers, asked)]
-        except BaseException:  # ranks asked for but not in procs would be left running: their servers end them
-            for server in servers:
+            for rank, server in enumerate(servers):
+                asked.append(server.ask(rank, folder, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
+            for server, request in zip(servers, asked):
+                procs.append(server.started(request, start_by))
+        except BaseException:  # a rank asked for but not in procs would run unwatched: closing its server ends it
+            for server in servers[len(procs) : len(asked)]:
                 server.close()
             raise
         _watch(procs, folder, echo, deadline, timeout, store, startup, start_by)
@@ -282,7 +282,7 @@ def _watch(
             if failed:  # a rank's failure ends its peers' moments later: let their exits come in, then judge
                 time.sleep(0.1)
                 failed = _failed(procs, folder)
-            lost = [r for r, p in enumerate(procs) if p.lost]
+            lost = [r for r in failed if procs[r].lost]
             if lost:  # a server died (or was killed), and its rank with it
                 stop(procs)
                 server = procs[lost[0]].server

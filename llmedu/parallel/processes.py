@@ -116,7 +116,10 @@ def stop(procs: list, grace: float = 5.0) -> None:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
-            p.wait()
+            try:
+                p.wait(timeout=grace)
+            except subprocess.TimeoutExpired:  # its server does not answer: closing it ends its ranks
+                p.server.close()
 
 
 class Relay:
