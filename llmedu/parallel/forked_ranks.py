@@ -55,6 +55,7 @@ class ForkServer:
         self.exits: dict[int, int] = {}  # request id -> exit code, as the server reported
         self.refused: dict[int, str] = {}  # request id -> why the server could not fork it
         self.chatter: list[str] = []  # lines on its stdout that are not replies (a .pth file that prints...)
+        self._last_words = ""  # the end of its stderr, once closed
         self.gone = False  # the server exited, was killed, or was closed by us
         self.lock = threading.RLock()  # one conversation at a time
         self._pending = b""
@@ -98,9 +99,10 @@ class ForkServer:
 
     def said(self) -> str:
         """The end of what the server wrote to stderr (why it failed to start, or where it hung), and any chatter."""
-        size = os.fstat(self.errors.fileno()).st_size  # pread: the server's own offset in the file stays put
-        tail = os.pread(self.errors.fileno(), 4000, max(0, size - 4000)).decode(errors="replace").strip()
-        return "\n".join([*self.chatter, tail]).strip() or "(it wrote nothing)"
+        if not self.errors.closed:
+            size = os.fstat(self.errors.fileno()).st_size  # pread: the server's own offset in the file stays put
+            self._last_words = os.pread(self.errors.fileno(), 4000, max(0, size - 4000)).decode(errors="replace")
+        return "\n".join([*self.chatter, self._last_words.strip()]).strip() or "(it wrote nothing)"
 
     def close(self) -> None:
         """End the server: it kills its ranks and exits (killed if it does not within 10 s)."""
@@ -115,6 +117,8 @@ class ForkServer:
                 self.process.kill()
                 self.process.wait()
             self.process.stdout.close()
+            self.said()  # its last words, kept
+            self.errors.close()
 
     @contextmanager
     def _talking(self):
