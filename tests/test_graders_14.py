@@ -297,17 +297,19 @@ def test_pick_40gb_grader(monkeypatch):
     assert not result and "called llmedu.planner" in result.failure
 
     # or the grader's own cached searches, which are the planner's answers
-    def from_the_grader(cfg, nodes, batch, link):
+    def name_of(cfg):
         (name,) = [name for name, model in MODELS.items() if model == cfg]
-        best = graders._best_without_cp(name, nodes, batch.sequences, batch.seq_len, link)
+        return name
+
+    def from_the_grader(cfg, nodes, batch, link):
+        best = graders._best_without_cp(name_of(cfg), nodes, batch.sequences, batch.seq_len, link)
         return best.layout, best.memory_total / 2**30
 
     result = check_pick_40gb(from_the_grader, seed=1, fresh=5)
     assert not result and "_best_without_cp" in result.failure
 
     def from_its_cache(cfg, nodes, batch, link):  # read, not called: nothing to watch, so the cache is emptied
-        (name,) = [name for name, model in MODELS.items() if model == cfg]
-        best = graders._BEST[name, nodes, batch.sequences, batch.seq_len, link]
+        best = graders._BEST[name_of(cfg), nodes, batch.sequences, batch.seq_len, link]
         return best.layout, best.memory_total / 2**30
 
     assert not check_pick_40gb(from_its_cache, seed=1, fresh=5)

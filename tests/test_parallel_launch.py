@@ -322,11 +322,16 @@ def test_a_fork_server_killed_mid_launch_is_named_and_the_next_launch_starts_ano
     assert launch(lambda: dist.get_rank(), 2, echo=False) == [0, 1]
 
 
+def _asking_a_server_that_imports_from(folder):
+    """A fork server whose import path starts with ``folder`` (where a test puts a stub PyTorch), asked for rank 0."""
+    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), *sys.path])})
+    return server, server.ask(0, folder, dict(os.environ))
+
+
 @pytest.mark.timeout(60)
 def test_a_fork_server_that_cannot_start_says_why(tmp_path):
     (tmp_path / "torch.py").write_text("raise ImportError('this torch is broken')\n")
-    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
-    request = server.ask(0, tmp_path, dict(os.environ))
+    server, request = _asking_a_server_that_imports_from(tmp_path)
     with pytest.raises(RuntimeError, match="(?s)fork server .* exited: .*this torch is broken"):
         server.started(request, time.monotonic() + 30)
     server.close()
@@ -339,8 +344,7 @@ def test_a_fork_server_with_a_thread_running_refuses_to_fork(tmp_path):
         "import threading, time\nthreading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()\n"
     )
     (tmp_path / "torch" / "distributed.py").write_text("")
-    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
-    request = server.ask(0, tmp_path, dict(os.environ))
+    server, request = _asking_a_server_that_imports_from(tmp_path)
     with pytest.raises(RuntimeError, match="runs 2 threads after importing PyTorch"):
         server.started(request, time.monotonic() + 30)
     server.close()
@@ -349,8 +353,7 @@ def test_a_fork_server_with_a_thread_running_refuses_to_fork(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_fork_server_that_never_answers_is_named_with_its_stack(tmp_path):
     (tmp_path / "torch.py").write_text("import time\ntime.sleep(1e6)  # an import that never ends\n")
-    server = ForkServer({**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
-    request = server.ask(0, tmp_path, dict(os.environ))
+    server, request = _asking_a_server_that_imports_from(tmp_path)
     with pytest.raises(RuntimeError, match="(?s)fork server .* did not answer: .*torch.py"):
         server.started(request, time.monotonic() + 5)
     assert server.process.poll() is not None

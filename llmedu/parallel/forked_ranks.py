@@ -208,14 +208,16 @@ def fork_servers(world_size: int, path: list[str], environ: dict[str, str]) -> l
     reads (``READ_AT_START``, the import path ``path``) differs from what they started with."""
     env = {**environ, "PYTHONPATH": os.pathsep.join(path)}
     with _servers_lock:
-        for server in [s for s in _retired if s.gone or not s.running()]:
+        for server in [s for s in _retired if not s.alive() or not s.running()]:
             _retired.remove(server)
             server.close()
         for index in range(world_size):
             server = _servers.get(index)
             if server is None or not server.alive() or _at_start(server.env) != _at_start(env):
-                if server is not None and not server.gone:
+                if server is not None and server.alive():
                     _retired.append(server)  # another thread's launch may still be using it
+                elif server is not None:
+                    server.close()  # gone already: only its pipes and stderr file are left to close
                 _servers[index] = ForkServer(env)
         return [_servers[index] for index in range(world_size)]
 
